@@ -1,0 +1,61 @@
+"""What every phase receives: the frozen spec, the job's store and a local scratch folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from entrypoint.store import Store
+from jobspec.schema import JobSpec
+
+__all__ = ["PhaseContext", "dumps", "read_jsonl", "to_jsonl"]
+
+
+def dumps(obj: Any) -> bytes:
+    """Stable JSON bytes for the store: sorted keys, indented, trailing newline."""
+    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def to_jsonl(rows: Iterable[dict]) -> bytes:
+    return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode()
+
+
+def read_jsonl(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class PhaseContext:
+    spec: JobSpec
+    spec_sha256: str
+    store: Store  # confined to jobs/<job_id>/
+    workdir: Path  # local scratch for this process; may be empty on a fresh node
+    log: Callable[[str], None]
+
+    def read_json(self, key: str) -> Any:
+        return json.loads(self.store.get_bytes(key))
+
+    def write_json(self, key: str, obj: Any) -> None:
+        self.store.put_bytes(key, dumps(obj))
+
+    def read_split(self, name: str) -> list[dict]:
+        """A split as the data phase committed it: rows of {"text", "label"}."""
+        return read_jsonl(self.store.get_bytes(f"phases/data/{name}.jsonl"))
+
+    @property
+    def labels(self) -> list[str]:
+        return self.read_json("phases/data/result.json")["labels"]
+
+    @property
+    def device(self) -> torch.device:
+        wanted = self.spec.training.device
+        if wanted == "auto":
+            wanted = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
+        if wanted == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("training.device: 'cuda' requested but torch sees no CUDA or ROCm device")
+        return torch.device(wanted)

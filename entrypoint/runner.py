@@ -1,0 +1,121 @@
+"""The phase machine. A job's state lives in the store; any process, on any node, continues it.
+
+    for phase in PHASES:                      # in plan order
+        if phases/<phase>/result.json exists: # committed by an earlier process
+            skip
+        result = phase.run(ctx)               # writes its outputs to the store
+        put phases/<phase>/result.json        # last, if absent: the commit
+
+A phase interrupted before its result is committed runs again from the start, so phases are written to
+be idempotent: they may overwrite their own uncommitted outputs and never touch committed ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.context import PhaseContext, dumps
+from entrypoint.envinfo import environment
+from entrypoint.phases import baseline, data, evaluate, export, train
+from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
+from jobspec.load import LoadedSpec
+
+__all__ = ["PHASES", "JobConflict", "attempt_number", "job_store", "run_job"]
+
+PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
+    ("data", data.run),
+    ("baseline", baseline.run),
+    ("train", train.run),
+    ("evaluate", evaluate.run),
+    ("export", export.run),
+]
+
+
+class JobConflict(RuntimeError):
+    """The store already holds this job id with a different spec; nothing was overwritten."""
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    store_uri: str
+    ran: list[str]
+    skipped: list[str]
+
+
+def job_store(root: Store, job_id: str) -> Store:
+    return PrefixedStore(root, join_key("jobs", job_id))
+
+
+def _freeze_spec(store: Store, loaded: LoadedSpec) -> None:
+    """Store the spec once. The same job id with another spec is refused, never overwritten."""
+    try:
+        store.put_if_absent("spec.yaml", loaded.text.encode())
+        return
+    except ObjectExists:
+        pass
+    stored = hashlib.sha256(store.get_bytes("spec.yaml")).hexdigest()
+    if stored != loaded.sha256:
+        raise JobConflict(
+            f"job.id {loaded.spec.job.id!r}: {store.uri} already holds this job with another spec "
+            f"(sha256 {stored[:12]}, yours {loaded.sha256[:12]}); choose a new job.id to start a new job, "
+            "or run the stored spec to continue it"
+        )
+
+
+def attempt_number(store: Store) -> int:
+    """Claim the next attempt number with a conditional write, so two processes never share one."""
+    taken = {int(info.key.split("/")[1]) for info in store.list("attempts") if info.key.split("/")[1].isdigit()}
+    number = max(taken, default=0) + 1
+    while True:
+        try:
+            store.put_if_absent(f"attempts/{number}/started.json", dumps({"started_at": time.time()}))
+            return number
+        except ObjectExists:
+            number += 1
+
+
+def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str], None]) -> JobOutcome:
+    """Run every phase not yet committed. Raises whatever a phase raises, after recording the attempt."""
+    spec = loaded.spec
+    store = job_store(root, spec.job.id)
+    _freeze_spec(store, loaded)
+    attempt = attempt_number(store)
+    store.put_bytes(f"attempts/{attempt}/env.json", dumps(environment()))
+    ctx = PhaseContext(spec=spec, spec_sha256=loaded.sha256, store=store, workdir=workdir / spec.job.id, log=log)
+    ran, skipped = [], []
+    outcome = {"outcome": "error", "phase": None}
+    try:
+        for name, phase in PHASES:
+            key = f"phases/{name}/result.json"
+            if store.head(key) is not None:
+                log(f"{name}: already committed, skipping")
+                skipped.append(name)
+                continue
+            outcome["phase"] = name
+            log(f"{name}: starting")
+            started = time.monotonic()
+            result = phase(ctx)
+            result["seconds"] = round(time.monotonic() - started, 3)
+            store.put_if_absent(key, dumps(result))
+            ran.append(name)
+        outcome = {"outcome": "completed", "phase": None}
+    except BaseException as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        outcome["ended_at"] = time.time()
+        store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
+    return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)
+
+
+def read_result(store: Store, phase: str) -> dict | None:
+    try:
+        return json.loads(store.get_bytes(f"phases/{phase}/result.json"))
+    except ObjectNotFound:
+        return None

@@ -1,0 +1,141 @@
+"""The Store protocol every backend implements, its errors and the key rules they all enforce.
+
+Keys are relative POSIX paths such as `jobs/quickstart/phases/data/result.json`. A key with `..`, an
+absolute path, a backslash or an empty segment is refused before any backend sees it, so a hostile spec
+or a listing from a shared bucket can never make rentune read or write outside its root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "InvalidKey",
+    "ObjectExists",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "PrefixedStore",
+    "Store",
+    "StoreError",
+    "TransientStoreError",
+    "check_key",
+    "join_key",
+]
+
+
+class StoreError(Exception):
+    """Any failure of a store operation that is not one of the specific kinds below."""
+
+
+class ObjectNotFound(StoreError, FileNotFoundError):
+    """The key does not exist."""
+
+
+class ObjectExists(StoreError, FileExistsError):
+    """`put_if_absent` lost: the key already exists (S3: 412 Precondition Failed)."""
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying later (throttling, 5xx, connection reset) after the client's own retries."""
+
+
+class InvalidKey(StoreError, ValueError):
+    """A key that could escape the store root or is malformed."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the store it was listed from
+    size: int
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it is a safe relative key, else raise `InvalidKey`."""
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise InvalidKey(f"refused object key {key!r}: expected a relative path")
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise InvalidKey(f"refused object key {key!r}: empty, '.' or '..' segment")
+    return key
+
+
+def join_key(*parts: str) -> str:
+    """Join key segments with '/', dropping empty ones, and check the result."""
+    return check_key("/".join(p.strip("/") for p in parts if p.strip("/")))
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Object storage as rentune uses it. `file://` and `s3://` behave the same.
+
+    Every method takes keys relative to the store's root and raises `InvalidKey` for unsafe ones.
+    """
+
+    uri: str
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write `data` at `key`, replacing any object there (atomically: readers see old or new)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        """Write `data` at `key` only if no object exists there; raise `ObjectExists` otherwise."""
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read the object at `key`; raise `ObjectNotFound` if absent."""
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a local file (streamed; large files in parts)."""
+
+    def get_file(self, key: str, path: Path) -> None:
+        """Download to `path` (streamed, written to a temp file then renamed); `ObjectNotFound` if absent."""
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size of the object at `key`, or None if absent."""
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Objects under `prefix` (a directory-like key or ''), recursively, keys relative to the root."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object at `key`; absent keys are not an error."""
+
+
+class PrefixedStore:
+    """A view of `inner` confined to `prefix`: every key is joined under it and listings are relative."""
+
+    def __init__(self, inner: Store, prefix: str):
+        self.inner = inner
+        self.prefix = join_key(prefix)
+        self.uri = f"{inner.uri.rstrip('/')}/{self.prefix}"
+
+    def _k(self, key: str) -> str:
+        return join_key(self.prefix, check_key(key))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.inner.put_bytes(self._k(key), data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self.inner.put_if_absent(self._k(key), data)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.inner.get_bytes(self._k(key))
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.inner.put_file(self._k(key), path)
+
+    def get_file(self, key: str, path: Path) -> None:
+        self.inner.get_file(self._k(key), path)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        info = self.inner.head(self._k(key))
+        return None if info is None else ObjectInfo(key=key, size=info.size)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        full = self._k(prefix) if prefix else self.prefix
+        cut = len(self.prefix) + 1
+        for info in self.inner.list(full):
+            yield ObjectInfo(key=check_key(info.key[cut:]), size=info.size)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self._k(key))

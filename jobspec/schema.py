@@ -1,0 +1,180 @@
+"""The job spec: what a rentune job does, as frozen pydantic models.
+
+One class per spec section, every class `extra="forbid"` so that a misspelt key is an error rather than
+a silently ignored setting. Numbers are bounded: a spec may come from a queue and is untrusted.
+This module imports no torch, so `rentune validate` and `rentune schema` run anywhere, fast.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "Adaptation",
+    "CheckpointPolicy",
+    "Data",
+    "Hypothesis",
+    "Job",
+    "JobSpec",
+    "Model",
+    "Rental",
+    "SplitPolicy",
+    "Store",
+    "Training",
+]
+
+_JOB_ID = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+_DURATION = re.compile(r"^(\d+)(m|h|d)$")
+DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def _local_or_store_path(value: str) -> str:
+    """A data or model location: a local path without `..` segments, or an s3:// URI."""
+    if not value.strip():
+        raise ValueError("expected a non-empty path")
+    if "\x00" in value:
+        raise ValueError("expected a path without NUL bytes")
+    parts = re.split(r"[\\/]+", value.split("://", 1)[-1])
+    if ".." in parts:
+        raise ValueError("expected a path without '..' segments (paths may not climb out of their folder)")
+    if "://" in value and not value.startswith(("s3://", "file://")):
+        raise ValueError("expected a local path, file:// or s3:// URI")
+    return value
+
+
+def _duration(value: str) -> str:
+    if not _DURATION.match(value):
+        raise ValueError("expected a duration such as 30m, 2h or 1d")
+    return value
+
+
+PathStr = Annotated[str, AfterValidator(_local_or_store_path)]
+Duration = Annotated[str, AfterValidator(_duration)]
+
+
+def duration_seconds(value: str) -> int:
+    """Seconds in a validated duration string such as `2h`."""
+    match = _DURATION.match(value)
+    if match is None:
+        raise ValueError(f"not a duration: {value!r}")
+    return int(match.group(1)) * DURATION_SECONDS[match.group(2)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Job(_Section):
+    id: str = Field(pattern=_JOB_ID, description="Job id: lowercase letters, digits, '-' and '_'.")
+    description: str = Field("", max_length=2000)
+
+
+class Hypothesis(_Section):
+    task: Literal["classification", "format", "extraction"] = Field(
+        description="The behaviour to improve: domain classification, response-format adherence or "
+        "structured extraction."
+    )
+    statement: str = Field(min_length=1, max_length=2000, description="The claim, in one sentence.")
+    metric: Literal["macro_f1", "micro_f1", "accuracy"] = "macro_f1"
+    min_gain: float = Field(0.0, ge=0.0, le=1.0, description="Smallest gain of `metric` over the baseline that counts.")
+    label_descriptions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Optional words per category; the zero-shot baseline compares texts to these "
+        "(default: the label name itself).",
+    )
+
+
+class Model(_Section):
+    path: PathStr | None = Field(None, description="Local folder with config.json and *.safetensors.")
+    package: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="An installed Python package that ships the model in its `model/` folder.",
+    )
+    revision: str = Field("local", max_length=200, description="Recorded in BINDING.json.")
+    max_length: int = Field(128, ge=8, le=32768, description="Tokens per example; longer is truncated.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Model:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("expected exactly one of model.path or model.package")
+        return self
+
+
+class SplitPolicy(_Section):
+    eval: float = Field(0.2, gt=0.0, lt=0.5, description="Share of each category held out for evaluation.")
+    test: float = Field(0.2, gt=0.0, lt=0.5, description="Share of each category sealed for the final test.")
+    seed: int = Field(13, ge=0, le=2**31 - 1)
+
+
+class Data(_Section):
+    source: PathStr = Field(description="JSONL file, one example per line.")
+    text_field: str = Field("text", min_length=1, max_length=100)
+    label_field: str = Field("label", min_length=1, max_length=100)
+    split: SplitPolicy = Field(default_factory=SplitPolicy)
+
+
+class Adaptation(_Section):
+    method: Literal["lora", "full"] = "lora"
+    rank: int = Field(8, gt=0, le=1024)
+    alpha: float = Field(16.0, gt=0.0, le=4096.0)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["query", "value"], min_length=1, description="Module names LoRA wraps."
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list, description="Extra modules trained in full and saved with the adapter."
+    )
+
+
+class CheckpointPolicy(_Section):
+    every_steps: int | None = Field(None, gt=0, le=10_000_000)
+    every_minutes: float | None = Field(None, gt=0.0, le=1440.0)
+    keep: int = Field(3, ge=1, le=100, description="Valid checkpoints kept after rotation.")
+
+
+class Training(_Section):
+    epochs: float = Field(3.0, gt=0.0, le=1000.0)
+    max_steps: int | None = Field(None, gt=0, le=10_000_000, description="Overrides epochs when set.")
+    learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
+    microbatch: int = Field(16, gt=0, le=4096, description="Examples per device per forward pass.")
+    grad_accum: int = Field(1, gt=0, le=1024)
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    eval_batch: int = Field(64, gt=0, le=4096)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+
+
+class Rental(_Section):
+    window: Literal["3d", "7d", "30d"] = Field("3d", description="Length of the node lease.")
+    margin: Duration = Field("2h", description="Time kept free for recovery before the lease ends.")
+
+
+class Store(_Section):
+    uri: PathStr = Field(
+        "file://./runs",
+        pattern=r"^(file|s3)://\S+$",
+        description="Where state, checkpoints and exports go: file://DIR or s3://bucket/prefix.",
+    )
+    endpoint_url: str | None = Field(None, pattern=r"^https?://\S+$", description="S3-compatible endpoint.")
+    region: str | None = Field(None, max_length=64)
+    addressing_style: Literal["auto", "path", "virtual"] | None = None
+
+
+class JobSpec(_Section):
+    """A whole job. `rentune schema` prints this model's JSON Schema."""
+
+    job: Job
+    hypothesis: Hypothesis
+    model: Model
+    data: Data
+    adaptation: Adaptation = Field(default_factory=Adaptation)
+    training: Training = Field(default_factory=Training)
+    rental: Rental = Field(default_factory=Rental)
+    store: Store = Field(default_factory=Store)
