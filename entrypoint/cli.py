@@ -1,7 +1,7 @@
 """The `rentune` command. The only module that reads argv and the environment and maps errors to exit codes.
 
 Exit codes: 0 success; 1 the job failed while running; 2 invalid input (spec, data, model, store URI);
-3 the store holds this job with another spec.
+3 the store holds this job with another spec; 143 stopped by SIGTERM (resume by running again).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
     from entrypoint.phases.data import DataError
     from entrypoint.runner import JobConflict, read_result, run_job
     from entrypoint.store import InvalidKey, open_store
+    from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
 
     try:
         loaded = load_spec(spec)
@@ -87,6 +88,9 @@ def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
     _log(f"rentune: job {loaded.spec.job.id} -> {root.uri}")
     try:
         outcome = run_job(loaded, root, workdir, _log)
+    except Interrupted as exc:
+        click.echo(f"rentune: {exc}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except JobConflict as exc:
         click.echo(f"rentune: {exc}", err=True)
         sys.exit(EXIT_CONFLICT)

@@ -23,6 +23,7 @@ from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
 from entrypoint.phases import baseline, data, evaluate, export, train
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
+from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec
 
 __all__ = ["PHASES", "JobConflict", "attempt_number", "job_store", "run_job"]
@@ -106,6 +107,7 @@ def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str],
             ran.append(name)
         outcome = {"outcome": "completed", "phase": None}
     except BaseException as exc:
+        outcome["outcome"] = "interrupted" if isinstance(exc, Interrupted) else "error"
         outcome["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:

@@ -1,17 +1,52 @@
-"""The HF `Trainer`, configured from the spec, with rentune's callbacks. No hand-written training loop."""
+"""The HF `Trainer`, configured from the spec, with rentune's callbacks. No hand-written training loop.
+
+What rentune adds to the Trainer's loop, as callback events:
+
+    on_step_end:  every_minutes elapsed, SIGTERM seen, or last step -> ask the Trainer to save
+                  SIGTERM seen -> also ask it to stop after this step
+    on_save:      the Trainer wrote checkpoint-N/ locally -> commit it to the store (manifest last),
+                  rotate old checkpoints, remove the local copy
+    on_log:       one progress line per logging step, loss history kept
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from transformers import DataCollatorWithPadding, PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from jobspec.schema import Training
+from entrypoint.checkpoint import commit_checkpoint, rotate
+from entrypoint.store import Store
+from jobspec.schema import CheckpointPolicy, Training
 
-__all__ = ["ProgressCallback", "build_trainer", "planned_steps"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "Interrupted",
+    "ProgressCallback",
+    "StoreCheckpointCallback",
+    "build_trainer",
+    "graceful_sigterm",
+    "planned_steps",
+]
+
+# Exit code of a process stopped by SIGTERM after committing (or giving up on) its checkpoint: 128 + 15,
+# what docker and Kubernetes report for a process that ended on SIGTERM.
+EXIT_INTERRUPTED = 143
+
+# Files the Trainer writes that rentune does not keep: training_args.bin is a pickle, and the spec
+# already says everything it holds.
+_NOT_COMMITTED = ("training_args.bin",)
+
+
+class Interrupted(RuntimeError):
+    """Training stopped on SIGTERM; the newest committed checkpoint is where the next process resumes."""
 
 
 def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
@@ -23,18 +58,99 @@ def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
 
 
 class ProgressCallback(TrainerCallback):
-    """One line per logging step (`train: step 20/60  loss 0.812  12.4 s`) and the loss history."""
+    """One line per logging step (`train: step 20/60  loss 0.812  12.4 s`)."""
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
-        self.losses: list[dict] = []
         self.started = time.monotonic()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
-            self.losses.append({"step": state.global_step, "loss": float(logs["loss"])})
             elapsed = time.monotonic() - self.started
             self.log(f"train: step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  {elapsed:.1f} s")
+
+
+class graceful_sigterm:
+    """Context manager: while active, SIGTERM sets `requested` instead of killing the process, and starts a
+    watchdog that ends the process with EXIT_INTERRUPTED once `grace_seconds` have passed, whatever it is
+    doing. A checkpoint whose manifest is not written by then simply does not exist."""
+
+    def __init__(self, grace_seconds: float, log: Callable[[str], None]):
+        self.grace_seconds = grace_seconds
+        self.log = log
+        self.requested = threading.Event()
+        self.received_at: float | None = None
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested.is_set():
+            return
+        self.received_at = time.monotonic()
+        self.requested.set()
+        self.log(f"train: SIGTERM received; finishing this step and committing within {self.grace_seconds:.0f} s")
+        watchdog = threading.Timer(self.grace_seconds, self._expire)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def _expire(self) -> None:
+        self.log("train: grace period over before the checkpoint committed; exiting without it")
+        os._exit(EXIT_INTERRUPTED)
+
+    def __enter__(self) -> graceful_sigterm:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class StoreCheckpointCallback(TrainerCallback):
+    """Commits each checkpoint the Trainer writes to the store with the manifest-last protocol."""
+
+    def __init__(
+        self,
+        store: Store,
+        prefix: str,
+        meta: dict,
+        policy: CheckpointPolicy,
+        sigterm: graceful_sigterm,
+        log: Callable[[str], None],
+    ):
+        self.store, self.prefix, self.meta, self.policy = store, prefix, meta, policy
+        self.sigterm, self.log = sigterm, log
+        self.last_commit = time.monotonic()
+        self.committed: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        minutes = self.policy.every_minutes
+        if minutes is not None and time.monotonic() - self.last_commit >= minutes * 60:
+            control.should_save = True
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+        if self.sigterm.requested.is_set():
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        for name in _NOT_COMMITTED:
+            (folder / name).unlink(missing_ok=True)
+        started = time.monotonic()
+        commit_checkpoint(self.store, self.prefix, state.global_step, folder, self.meta)
+        size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+        took = time.monotonic() - started
+        self.log(f"checkpoint: committed step {state.global_step} ({size_mb:.1f} MB in {took:.1f} s)")
+        if self.sigterm.received_at is not None:
+            self.log(f"checkpoint: committed {time.monotonic() - self.sigterm.received_at:.1f} s after SIGTERM")
+        self.committed.append(state.global_step)
+        self.last_commit = time.monotonic()
+        shutil.rmtree(folder, ignore_errors=True)
+        rotate(self.store, self.prefix, self.policy.keep, self.log)
 
 
 def build_trainer(
@@ -46,8 +162,9 @@ def build_trainer(
     use_cpu: bool,
     callbacks: list[TrainerCallback],
 ) -> Trainer:
-    """A Trainer that saves nothing by itself (rentune commits checkpoints) and reports to nobody."""
+    """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody."""
     steps = planned_steps(training, len(train_features))
+    every = training.checkpoint.every_steps
     args = TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=training.microbatch,
@@ -59,12 +176,16 @@ def build_trainer(
         lr_scheduler_type="linear",
         seed=training.seed,
         data_seed=training.seed,
+        full_determinism=training.deterministic,
         bf16=training.precision == "bf16",
         fp16=training.precision == "fp16",
         use_cpu=use_cpu,
         logging_strategy="steps",
-        logging_steps=max(1, steps // 20),
-        save_strategy="no",
+        logging_steps=training.log_every_steps or max(1, steps // 20),
+        # Saves happen every `every` steps, and whenever StoreCheckpointCallback asks (minutes, SIGTERM, end).
+        save_strategy="steps",
+        save_steps=every or steps + 1,
+        save_total_limit=None,
         eval_strategy="no",
         report_to="none",
         disable_tqdm=True,

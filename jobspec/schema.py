@@ -131,9 +131,15 @@ class Adaptation(_Section):
 
 
 class CheckpointPolicy(_Section):
-    every_steps: int | None = Field(None, gt=0, le=10_000_000)
-    every_minutes: float | None = Field(None, gt=0.0, le=1440.0)
+    every_steps: int | None = Field(None, gt=0, le=10_000_000, description="Commit every N optimizer steps.")
+    every_minutes: float | None = Field(None, gt=0.0, le=1440.0, description="Commit at least this often.")
     keep: int = Field(3, ge=1, le=100, description="Valid checkpoints kept after rotation.")
+    grace_seconds: float = Field(
+        90.0,
+        gt=0.0,
+        le=3600.0,
+        description="After SIGTERM: time to finish the step and commit. Match docker's --stop-timeout.",
+    )
 
 
 class Training(_Section):
@@ -146,6 +152,8 @@ class Training(_Section):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     eval_batch: int = Field(64, gt=0, le=4096)
+    log_every_steps: int | None = Field(None, gt=0, le=1_000_000, description="Default: about 20 lines a run.")
+    deterministic: bool = Field(False, description="Deterministic algorithms: bit-exact resume, slower on GPU.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)

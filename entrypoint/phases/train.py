@@ -1,5 +1,11 @@
-"""Train phase: fit the adapter (or the full model) on the train split with the HF Trainer, then commit
-the trained weights and the eval predictions they give, for the evaluate phase to check against."""
+"""Train phase: fit the adapter (or the full model) on the train split with the HF Trainer.
+
+Checkpoints are committed to the store during training (every N steps and/or minutes, on SIGTERM and at
+the end). A process that starts this phase again, on any node, resumes from the newest checkpoint that
+verifies, with optimizer, scheduler, RNG states and data position, so the run continues as if never
+stopped. At the end the trained weights and the eval predictions they give are committed, for the
+evaluate phase to check against.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,28 @@ import shutil
 
 from transformers import AutoTokenizer, set_seed
 
+from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
 from entrypoint.classify import encode, predict_labels
 from entrypoint.context import PhaseContext, to_jsonl
-from entrypoint.model import build_classifier, resolve_model_dir
+from entrypoint.envinfo import environment
+from entrypoint.model import build_classifier, hash_base_model, resolve_model_dir
 from entrypoint.store import put_tree
-from entrypoint.trainer import ProgressCallback, build_trainer
+from entrypoint.trainer import Interrupted, ProgressCallback, StoreCheckpointCallback, build_trainer, graceful_sigterm
 
 __all__ = ["TRIAL_ID", "run"]
 
 TRIAL_ID = "main"  # one trial until the spec grows `experiments:`
+
+
+def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
+    env = environment()
+    return {
+        "trial_id": TRIAL_ID,
+        "spec_sha256": ctx.spec_sha256,
+        "data_version": ctx.read_json("phases/data/result.json")["data_version"],
+        "base_model_sha256": base_sha256,
+        "env": {"torch": env["torch"], "backend": env["backend"], "transformers": env["packages"]["transformers"]},
+    }
 
 
 def run(ctx: PhaseContext) -> dict:
@@ -32,15 +51,38 @@ def run(ctx: PhaseContext) -> dict:
         f"train: {len(features)} examples, {trainable:,} of {total:,} parameters trainable ({spec.adaptation.method})"
     )
 
-    progress = ProgressCallback(ctx.log)
+    meta = _checkpoint_meta(ctx, hash_base_model(folder).sha256)
+    prefix = checkpoint_prefix(TRIAL_ID)
     out = ctx.workdir / "trials" / TRIAL_ID
-    trainer = build_trainer(
-        model, tokenizer, features, spec.training, out / "trainer", ctx.device.type == "cpu", [progress]
-    )
-    outcome = trainer.train()
+    shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
+    resume = find_latest(ctx.store, prefix, out / "resume", ctx.log)
+    if resume is not None:
+        for field in ("spec_sha256", "data_version", "base_model_sha256"):
+            if resume.manifest.get(field) != meta[field]:
+                raise CheckpointError(
+                    f"checkpoint step {resume.step}: {field} differs from this job's; refusing to resume from it"
+                )
+        ctx.log(f"train: resuming from committed checkpoint step {resume.step}")
+
+    with graceful_sigterm(spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
+        saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
+        trainer = build_trainer(
+            model,
+            tokenizer,
+            features,
+            spec.training,
+            out / "trainer",
+            ctx.device.type == "cpu",
+            [ProgressCallback(ctx.log), saver],
+        )
+        outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+        if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
+            raise Interrupted(
+                f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
+                f"committed checkpoints: {saver.committed or 'none in this process'}"
+            )
 
     final = out / "final"
-    shutil.rmtree(final, ignore_errors=True)
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
     keys = put_tree(ctx.store, f"trials/{TRIAL_ID}/final", final)
@@ -61,10 +103,11 @@ def run(ctx: PhaseContext) -> dict:
     return {
         "trial_id": TRIAL_ID,
         "steps": trainer.state.global_step,
+        "resumed_from_step": resume.step if resume else None,
         "train_loss": outcome.training_loss,
-        "losses": progress.losses,
+        "losses": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
+        "checkpoints_committed": saver.committed,
         "trainable_parameters": trainable,
         "total_parameters": total,
         "weights": keys,
-        "seconds": outcome.metrics.get("train_runtime"),
     }

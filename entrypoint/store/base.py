@@ -20,10 +20,14 @@ __all__ = [
     "PrefixedStore",
     "Store",
     "StoreError",
+    "TMP_PREFIX",
     "TransientStoreError",
     "check_key",
     "join_key",
 ]
+
+
+TMP_PREFIX = ".tmp-"  # local temp files during atomic writes; never a valid object name
 
 
 class StoreError(Exception):
@@ -59,6 +63,8 @@ def check_key(key: str) -> str:
     parts = key.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise InvalidKey(f"refused object key {key!r}: empty, '.' or '..' segment")
+    if parts[-1].startswith(TMP_PREFIX):
+        raise InvalidKey(f"refused object key {key!r}: names starting with {TMP_PREFIX!r} are temporary files")
     return key
 
 
@@ -133,9 +139,11 @@ class PrefixedStore:
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         full = self._k(prefix) if prefix else self.prefix
-        cut = len(self.prefix) + 1
+        mine = self.prefix + "/"
         for info in self.inner.list(full):
-            yield ObjectInfo(key=check_key(info.key[cut:]), size=info.size)
+            if not info.key.startswith(mine):
+                raise InvalidKey(f"listing {full!r} returned {info.key!r}, which is outside {mine!r}")
+            yield ObjectInfo(key=check_key(info.key[len(mine) :]), size=info.size)
 
     def delete(self, key: str) -> None:
         self.inner.delete(self._k(key))

@@ -8,7 +8,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from entrypoint.store.base import ObjectExists, ObjectInfo, ObjectNotFound, check_key
+from entrypoint.store.base import (
+    TMP_PREFIX,
+    InvalidKey,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    StoreError,
+    check_key,
+)
 
 __all__ = ["FileStore"]
 
@@ -24,12 +32,25 @@ class FileStore:
     def _path(self, key: str) -> Path:
         path = (self.root / check_key(key)).resolve()
         if not path.is_relative_to(self.root):  # a symlink inside the root pointing out of it
-            raise ObjectNotFound(f"{key}: resolves outside the store root {self.root}")
+            raise InvalidKey(f"{key}: resolves outside the store root {self.root}")
         return path
 
+    def _refuse_file_as_folder(self, key: str, path: Path) -> None:
+        for parent in path.parents:
+            if parent == self.root:
+                return
+            if parent.is_file():
+                raise StoreError(f"{key}: cannot store under {parent.relative_to(self.root)}, which is an object")
+
     def _write_atomically(self, path: Path, write) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
+        for attempt in range(3):  # a concurrent delete may remove the folder once it is empty
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix="-" + path.name)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
         try:
             with os.fdopen(fd, "wb") as out:
                 write(out)
@@ -42,11 +63,13 @@ class FileStore:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        self._refuse_file_as_folder(key, path)
         tmp = self._write_atomically(path, lambda out: out.write(data))
         os.replace(tmp, path)
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        self._refuse_file_as_folder(key, path)
         tmp = self._write_atomically(path, lambda out: out.write(data))
         try:
             os.link(tmp, path)  # atomic create-if-absent on POSIX: fails with EEXIST
@@ -63,6 +86,7 @@ class FileStore:
 
     def put_file(self, key: str, path: Path) -> None:
         dest = self._path(key)
+        self._refuse_file_as_folder(key, dest)
         with open(path, "rb") as src:
             tmp = self._write_atomically(dest, lambda out: shutil.copyfileobj(src, out, 1 << 20))
         os.replace(tmp, dest)
@@ -86,8 +110,18 @@ class FileStore:
             yield ObjectInfo(key=prefix, size=base.stat().st_size)
             return
         for path in sorted(base.rglob("*")):
-            if path.is_file() and not path.name.startswith(".tmp-"):
+            if path.is_file() and not path.name.startswith(TMP_PREFIX):
                 yield ObjectInfo(key=path.relative_to(self.root).as_posix(), size=path.stat().st_size)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        if path.is_dir():
+            return  # a "folder" is not an object; S3 ignores such a delete too
+        path.unlink(missing_ok=True)
+        for parent in path.parents:  # like S3, a "folder" exists only while it holds objects
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty, or already gone
+                break

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import boto3
 from boto3.exceptions import Boto3Error, S3UploadFailedError
+from boto3.exceptions import RetriesExceededError as Boto3RetriesExceededError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
@@ -48,18 +49,18 @@ from entrypoint.store.base import (
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
 
 MiB = 1 << 20
-DEFAULT_PART_SIZE = 16 * MiB  # 10,000 parts max per upload -> objects up to 156 GiB; few requests per GB
-DEFAULT_MAX_CONCURRENCY = 8  # parallel part transfers per file; saturates ~1-2 GB/s on a typical node
-DEFAULT_MAX_ATTEMPTS = 8  # botocore "standard" mode: jittered exponential backoff, at most 20 s per wait
+DEFAULT_PART_SIZE = 16 * MiB  # S3 allows 10,000 parts: objects up to 156 GiB, 64 requests per GiB
+DEFAULT_MAX_CONCURRENCY = 8  # parallel part transfers per file (boto3's own default is 10)
+DEFAULT_MAX_ATTEMPTS = 8  # requests in all, the first included; "standard" mode waits rand*2^n s, <= 20 s
 CONFLICT_RETRIES = 3  # a 409 on a conditional write means a concurrent write was in flight: ask again
 ADDRESSING_STYLES = ("auto", "virtual", "path")
 ADDRESSING_STYLE_ENV = "RENTUNE_S3_ADDRESSING_STYLE"
-_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")  # botocore's own check, minus edge cases
+_BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{2,254}$")  # S3 names are 3-63; some servers allow more
 
 _NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
 _EXISTS_CODES = {"412", "PreconditionFailed"}
 _CONFLICT_CODE = "ConditionalRequestConflict"
-_TRANSIENT_CODES = {  # botocore.retries.standard's throttling and transient codes, plus S3's 5xx codes
+_TRANSIENT_CODES = {  # the S3 ones of botocore.retries.standard's throttling/transient codes, S3's 5xx codes
     "Throttling",
     "ThrottlingException",
     "ThrottledException",
@@ -81,7 +82,7 @@ _TRANSIENT_EXCEPTIONS = (
     HTTPClientError,
     IncompleteReadError,
     TransferRetriesExceededError,
-    boto3.exceptions.RetriesExceededError,
+    Boto3RetriesExceededError,
 )
 _VENDOR_ERRORS = (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceededError)
 
@@ -105,6 +106,8 @@ def _translate(err: Exception, op: str, where: str) -> StoreError:
             return ObjectExists(message)
         if code in _TRANSIENT_CODES or status == 429 or status >= 500:
             return TransientStoreError(message)
+        if status == 403:
+            message += " (S3 also answers 403 for a missing key when the credentials lack s3:ListBucket)"
         return StoreError(message)
     if isinstance(err, _TRANSIENT_EXCEPTIONS):
         return TransientStoreError(f"{where}: {op} failed: {err}")
@@ -137,7 +140,8 @@ class S3Store:
     """Objects under `s3://bucket/prefix`; every key is checked and confined under the prefix.
 
     `client` is the boto3 client (thread-safe; one per store). Transfers of files above
-    `multipart_threshold` go in `multipart_chunksize` parts, `max_concurrency` at a time.
+    `multipart_threshold` go in `multipart_chunksize` parts, `max_concurrency` at a time. Each request is
+    sent at most `max_attempts` times (the first included) before its error is translated.
     """
 
     def __init__(
@@ -154,7 +158,7 @@ class S3Store:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ):
         if not _BUCKET_RE.match(bucket):
-            raise InvalidKey(f"S3 bucket name {bucket!r}: expected 2-255 of [A-Za-z0-9._-]")
+            raise InvalidKey(f"S3 bucket name {bucket!r}: expected 3-255 of [A-Za-z0-9._-]")
         self.bucket = bucket
         self.prefix = join_key(prefix) if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -162,7 +166,8 @@ class S3Store:
             endpoint_url,
             region,
             addressing_style,
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            # Config's "max_attempts" counts retries only; "total_max_attempts" counts the first request too.
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
             connect_timeout=10,
             read_timeout=60,
             max_pool_connections=max(10, max_concurrency + 2),  # transfer threads + concurrent small calls
@@ -330,7 +335,8 @@ class S3Store:
 
     def abort_stale_uploads(self, prefix: str, older_than_s: float) -> int:
         """Abort multipart uploads at or under `prefix` ('' = the whole store) initiated more than
-        `older_than_s` seconds ago (by the server's clock); return how many were aborted.
+        `older_than_s` seconds ago; return how many were aborted. The server's `Initiated` time is compared
+        with this node's clock, so leave a margin for skew larger than any upload takes.
 
         Interrupted uploads are invisible to `list` but their parts are billed until aborted. A listed
         upload key that is not a safe key under the store raises InvalidKey.

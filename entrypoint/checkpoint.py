@@ -1,0 +1,172 @@
+"""Checkpoints in the store: the commit protocol, discovery with fallback, and rotation.
+
+A checkpoint is the folder `trials/<trial>/checkpoints/step-<8 digits>/` and exists only if its
+`MANIFEST.json` exists and every file it lists downloads with the listed size and sha256.
+
+    commit:   upload every file -> HEAD each (size confirmed) -> PUT MANIFEST.json if absent
+    discover: list step-* -> newest first: manifest? every file size + sha256 ok? -> take it, else log why
+    rotate:   after a commit, delete all but the newest `keep` valid steps, and debris older than them
+
+The manifest goes last and never over another one, so a process killed mid-upload leaves only files
+without a manifest, which discovery ignores and rotation later removes. No "latest" pointer exists to
+be trusted or corrupted. This module imports no torch: it moves bytes and checks hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
+
+__all__ = [
+    "MANIFEST",
+    "Checkpoint",
+    "CheckpointError",
+    "checkpoint_prefix",
+    "commit_checkpoint",
+    "find_latest",
+    "list_steps",
+    "rotate",
+]
+
+MANIFEST = "MANIFEST.json"
+MANIFEST_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be committed (an upload did not confirm, or another writer disagreed)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    folder: Path  # local, verified copy
+    manifest: dict
+
+
+def checkpoint_prefix(trial_id: str) -> str:
+    return join_key("trials", trial_id, "checkpoints")
+
+
+def _step_key(prefix: str, step: int) -> str:
+    return join_key(prefix, f"step-{step:08d}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: dict) -> dict:
+    """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
+
+    `meta` (trial id, spec sha256, data version, base model sha256, env summary...) goes into the
+    manifest. Returns the manifest. If a manifest for this step already exists (another writer won the
+    race), returns it when it lists the same files and hashes, else raises CheckpointError.
+    """
+    key = _step_key(prefix, step)
+    files = {}
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        files[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        store.put_file(join_key(key, name), path)
+    for name, info in files.items():
+        seen = store.head(join_key(key, name))
+        if seen is None or seen.size != info["size"]:
+            raise CheckpointError(f"{key}/{name}: upload not confirmed (expected {info['size']} bytes, saw {seen})")
+    manifest = {"version": MANIFEST_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
+    body = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    try:
+        store.put_if_absent(join_key(key, MANIFEST), body)
+    except ObjectExists:
+        theirs = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+        if theirs.get("files") != files:
+            raise CheckpointError(f"{key}: another writer committed different files for step {step}") from None
+        return theirs
+    return manifest
+
+
+def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
+    """Every step folder under `prefix` (committed or not) -> the file names it holds."""
+    steps: dict[int, set[str]] = {}
+    for info in store.list(prefix):
+        head, _, name = info.key[len(prefix) + 1 :].partition("/")
+        match = _STEP_DIR.match(head)
+        if match and name:
+            steps.setdefault(int(match.group(1)), set()).add(name)
+    return steps
+
+
+def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
+    """Download every listed file of `key` into `folder`; None if all verify, else the reason."""
+    shutil.rmtree(folder, ignore_errors=True)
+    for name, info in sorted(manifest.get("files", {}).items()):
+        local = folder / name
+        try:
+            store.get_file(join_key(key, name), local)
+        except ObjectNotFound:
+            return f"{name} is missing"
+        if local.stat().st_size != info["size"]:
+            return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
+        if _sha256(local) != info["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def find_latest(store: Store, prefix: str, into: Path, log: Callable[[str], None]) -> Checkpoint | None:
+    """The newest checkpoint whose manifest and every file verify, downloaded into `into/step-N`.
+
+    Newer candidates that fail are logged with the reason and skipped; None if no step verifies.
+    """
+    for step in sorted(list_steps(store, prefix), reverse=True):
+        key = _step_key(prefix, step)
+        try:
+            manifest = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+        except ObjectNotFound:
+            log(f"checkpoint step {step}: no manifest (upload never finished), skipped")
+            continue
+        except (ValueError, StoreError) as exc:
+            log(f"checkpoint step {step}: unreadable manifest ({exc}), skipped")
+            continue
+        if manifest.get("step") != step or not isinstance(manifest.get("files"), dict):
+            log(f"checkpoint step {step}: manifest does not describe this step, skipped")
+            continue
+        folder = Path(into) / f"step-{step:08d}"
+        problem = _verify_into(store, key, manifest, folder)
+        if problem:
+            log(f"checkpoint step {step}: {problem}; falling back to an older checkpoint")
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        return Checkpoint(step=step, folder=folder, manifest=manifest)
+    return None
+
+
+def rotate(store: Store, prefix: str, keep: int, log: Callable[[str], None]) -> list[int]:
+    """Keep the newest `keep` committed steps; delete older committed steps and uncommitted debris older
+    than the newest committed one. Steps newer than it are left alone (another writer may be uploading).
+    Returns the deleted steps. The manifest is deleted first, so a half-deleted step is never valid."""
+    steps = list_steps(store, prefix)
+    committed = sorted((s for s, names in steps.items() if MANIFEST in names), reverse=True)
+    if not committed:
+        return []
+    kept = set(committed[:keep])
+    doomed = sorted(s for s in steps if s not in kept and s < committed[0])
+    for step in doomed:
+        key = _step_key(prefix, step)
+        names = sorted(steps[step], key=lambda n: n != MANIFEST)
+        for name in names:
+            store.delete(join_key(key, name))
+    if doomed:
+        log(f"checkpoints: rotated out steps {doomed}, keeping {sorted(kept)}")
+    return doomed

@@ -1,0 +1,170 @@
+"""Interrupted training resumes exactly, in a fresh process with an empty work dir, from a real S3 server.
+
+The job trains a tiny BERT (built from a config, saved, loaded back with `from_pretrained`) so that the
+run is long enough in steps to be interrupted, yet takes seconds. Processes are real `rentune` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from entrypoint.checkpoint import MANIFEST, checkpoint_prefix, find_latest, list_steps
+from entrypoint.store import PrefixedStore, get_tree
+from entrypoint.store.s3 import S3Store
+from tests.models import build_tiny_bert
+from tests.s3server import create_bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+RENTUNE = Path(sys.executable).parent / "rentune"
+MAX_STEPS = 120
+EVERY = 10
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
+
+
+def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str) -> Path:
+    spec = {
+        "job": {"id": "resume"},
+        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
+        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
+        "training": {
+            "max_steps": MAX_STEPS,
+            "microbatch": 8,
+            "learning_rate": 0.005,
+            "seed": 7,
+            "deterministic": True,
+            "device": "cpu",
+            "log_every_steps": 1,
+            "checkpoint": {"every_steps": EVERY, "keep": 3, "grace_seconds": 60},
+        },
+        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint, "addressing_style": "path"},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _start(spec: Path, workdir: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [RENTUNE, "run", str(spec), "--workdir", str(workdir)],
+        cwd=workdir.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def _job(endpoint: str, bucket: str) -> PrefixedStore:
+    return PrefixedStore(
+        S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=endpoint, addressing_style="path"), "jobs/resume"
+    )
+
+
+def _wait_for_manifest(job, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
+    key = f"{checkpoint_prefix('main')}/step-{step:08d}/{MANIFEST}"
+    deadline = time.monotonic() + timeout
+    while job.head(key) is None:
+        if proc.poll() is not None:
+            raise AssertionError(f"rentune exited ({proc.returncode}) before step {step}:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no checkpoint at step {step} after {timeout} s")
+        time.sleep(0.02)
+
+
+def _final_weights(job, tmp: Path) -> dict:
+    folder = get_tree(job, "trials/main/final", tmp / "final")
+    return load_file(folder / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model, s3_server):
+    """An uninterrupted run: its final weights and per-step losses are what a resumed run must reproduce."""
+    tmp = tmp_path_factory.mktemp("reference")
+    bucket = create_bucket(s3_server)
+    (tmp / "work").mkdir()
+    code, out = _finish(_start(_spec(tmp, tiny_model, s3_server, bucket), tmp / "work"))
+    assert code == 0, out[-4000:]
+    job = _job(s3_server, bucket)
+    result = json.loads(job.get_bytes("phases/train/result.json"))
+    assert [e["step"] for e in result["losses"]] == list(range(1, MAX_STEPS + 1))
+    return _final_weights(job, tmp), result["losses"]
+
+
+def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_server, reference):
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    (tmp_path / "node-a").mkdir()
+    first = _start(spec, tmp_path / "node-a")
+    _wait_for_manifest(job, first, 2 * EVERY)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert json.loads(job.get_bytes("attempts/1/started.json"))
+    assert job.head("phases/train/result.json") is None
+
+    (tmp_path / "node-b").mkdir()  # another "node": nothing local survives
+    code, out = _finish(_start(spec, tmp_path / "node-b"))
+    assert code == 0, out[-4000:]
+    result = json.loads(job.get_bytes("phases/train/result.json"))
+    assert result["resumed_from_step"] is not None and 2 * EVERY <= result["resumed_from_step"] < MAX_STEPS
+    assert "train: resuming from committed checkpoint step" in out
+    ref_weights, ref_losses = reference
+    weights = _final_weights(job, tmp_path)
+    assert weights.keys() == ref_weights.keys()
+    mismatched = [name for name in weights if not (weights[name] == ref_weights[name]).all()]
+    assert not mismatched, f"weights differ from the uninterrupted run: {mismatched[:5]}"
+    assert result["losses"] == ref_losses
+
+
+def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s3_server, reference):
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    (tmp_path / "node-a").mkdir()
+    proc = _start(spec, tmp_path / "node-a")
+    _wait_for_manifest(job, proc, EVERY)
+    proc.send_signal(signal.SIGTERM)
+    code, out = _finish(proc)
+    assert code == 143, out[-4000:]
+    assert "SIGTERM received" in out
+    ended = json.loads(job.get_bytes("attempts/1/ended.json"))
+    assert ended["outcome"] == "interrupted" and ended["phase"] == "train"
+    prefix = checkpoint_prefix("main")
+    for step, names in list_steps(job, prefix).items():
+        if MANIFEST in names:  # committed: complete and verifiable
+            manifest = json.loads(job.get_bytes(f"{prefix}/step-{step:08d}/{MANIFEST}"))
+            assert set(manifest["files"]) | {MANIFEST} == names
+    newest = find_latest(job, prefix, tmp_path / "check", lambda m: None)
+    assert newest is not None and newest.step >= EVERY
+    # The step SIGTERM arrived in was finished and committed (it is not a multiple of EVERY in general).
+    assert f"checkpoint: committed step {newest.step}" in out and "after SIGTERM" in out
+
+    (tmp_path / "node-b").mkdir()
+    code, out = _finish(_start(spec, tmp_path / "node-b"))
+    assert code == 0, out[-4000:]
+    ref_weights, ref_losses = reference
+    assert json.loads(job.get_bytes("phases/train/result.json"))["losses"] == ref_losses
+    weights = _final_weights(job, tmp_path)
+    assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)

@@ -1,0 +1,562 @@
+"""One contract for every Store backend (file:// and s3:// on a real moto server), then S3-only behaviour:
+injected throttling, error translation, configuration from the environment, stale multipart uploads."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import random
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from entrypoint.store import open_store
+from entrypoint.store.base import (
+    InvalidKey,
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    PrefixedStore,
+    Store,
+    StoreError,
+    TransientStoreError,
+)
+from entrypoint.store.s3 import CONFLICT_RETRIES, S3Store
+from tests.integration.conftest import TEST_PART_SIZE
+from tests.s3server import create_bucket, raw_client
+
+MiB = 1 << 20
+BIG_SIZE = 12 * MiB  # > TEST_PART_SIZE: 3 parts up, 3 ranged GETs down
+
+
+def _random_bytes(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@dataclass
+class Backend:
+    name: str
+    store: Store
+    snapshot: Callable[[], set[str]]  # everything in the backing storage, inside the store or not
+
+
+@pytest.fixture(params=["file", "s3"])
+def backend(request, tmp_path) -> Backend:
+    if request.param == "file":
+        store = request.getfixturevalue("file_store")
+        return Backend("file", store, lambda: {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")})
+    store = request.getfixturevalue("s3_store")
+    raw = raw_client(request.getfixturevalue("s3_server"))
+
+    def snapshot() -> set[str]:
+        found = {
+            obj["Key"]
+            for page in raw.get_paginator("list_objects_v2").paginate(Bucket=store.bucket)
+            for obj in page.get("Contents", ())
+        }
+        uploads = raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", ())
+        return found | {"upload:" + upload["Key"] for upload in uploads}
+
+    return Backend("s3", store, snapshot)
+
+
+@pytest.fixture
+def store(backend) -> Store:
+    return backend.store
+
+
+@pytest.fixture
+def local(tmp_path) -> Path:
+    """A folder for local source and destination files, outside any store."""
+    path = tmp_path / "local"
+    path.mkdir()
+    return path
+
+
+# --- The contract -------------------------------------------------------------------------------------
+
+
+def test_implements_the_protocol(store):
+    assert isinstance(store, Store)
+    assert store.uri.startswith(("file://", "s3://"))
+
+
+def test_bytes_round_trip_and_overwrite(store):
+    payload = bytes(range(256)) * 3
+    store.put_bytes("jobs/j1/state.json", payload)
+    assert store.get_bytes("jobs/j1/state.json") == payload
+    store.put_bytes("jobs/j1/state.json", b"second")
+    assert store.get_bytes("jobs/j1/state.json") == b"second"
+    store.put_bytes("empty", b"")
+    assert store.get_bytes("empty") == b""
+    assert store.head("empty") == ObjectInfo(key="empty", size=0)
+
+
+@pytest.mark.parametrize("size", [0, 1000, BIG_SIZE], ids=["empty", "small", "multipart"])
+def test_file_round_trip(store, local, size):
+    data = _random_bytes(size, seed=size)
+    src = local / "src.bin"
+    src.write_bytes(data)
+    store.put_file("trials/t1/checkpoints/step-00000010/model.safetensors", src)
+    assert store.head("trials/t1/checkpoints/step-00000010/model.safetensors").size == size
+
+    dest = local / "nested" / "dir" / "model.safetensors"
+    store.get_file("trials/t1/checkpoints/step-00000010/model.safetensors", dest)
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["model.safetensors"]  # no temp file left
+
+
+def test_get_file_replaces_existing_destination(store, local):
+    store.put_bytes("a.json", b'{"new": true}')
+    dest = local / "a.json"
+    dest.write_bytes(b"old content that is longer than the new one")
+    store.get_file("a.json", dest)
+    assert dest.read_bytes() == b'{"new": true}'
+
+
+def test_missing_key(store, local):
+    with pytest.raises(ObjectNotFound, match="nope/missing.json"):
+        store.get_bytes("nope/missing.json")
+    dest = local / "out.json"
+    with pytest.raises(ObjectNotFound):
+        store.get_file("nope/missing.json", dest)
+    assert list(local.iterdir()) == []  # neither the destination nor a temp file
+    assert store.head("nope/missing.json") is None
+    assert list(store.list("nope")) == []
+    store.delete("nope/missing.json")  # absent is not an error
+
+
+def test_missing_local_file_is_a_local_error(store, local):
+    with pytest.raises(FileNotFoundError) as info:
+        store.put_file("x.bin", local / "does-not-exist.bin")
+    assert not isinstance(info.value, StoreError)
+    assert store.head("x.bin") is None
+
+
+def test_head_list_delete(store):
+    contents = {"a/b/c.json": b"abc", "a/d.bin": b"dddd", "ab/e": b"e", "z": b""}
+    for key, data in contents.items():
+        store.put_bytes(key, data)
+
+    assert store.head("a/d.bin") == ObjectInfo(key="a/d.bin", size=4)
+    assert store.head("a") is None  # a "directory" is not an object
+    assert store.head("a/b/c.json/more") is None
+
+    everything = {info.key: info.size for info in store.list()}
+    assert everything == {key: len(data) for key, data in contents.items()}
+    # A prefix is directory-like: "a" does not take in "ab/e".
+    assert sorted(info.key for info in store.list("a")) == ["a/b/c.json", "a/d.bin"]
+    assert [info.key for info in store.list("a/b")] == ["a/b/c.json"]
+    assert list(store.list("a/b/c.json")) == [ObjectInfo(key="a/b/c.json", size=3)]
+    assert list(store.list("a/b/c")) == []
+
+    store.delete("a/d.bin")
+    assert store.head("a/d.bin") is None
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("a/d.bin")
+    assert sorted(info.key for info in store.list()) == ["a/b/c.json", "ab/e", "z"]
+    store.delete("a/d.bin")
+
+
+def test_put_if_absent(store):
+    store.put_if_absent("jobs/j1/claim.json", b"worker-1")
+    with pytest.raises(ObjectExists, match="jobs/j1/claim.json"):
+        store.put_if_absent("jobs/j1/claim.json", b"worker-2")
+    assert store.get_bytes("jobs/j1/claim.json") == b"worker-1"
+
+    store.put_bytes("jobs/j2/claim.json", b"plain put")
+    with pytest.raises(FileExistsError):  # ObjectExists is also a FileExistsError
+        store.put_if_absent("jobs/j2/claim.json", b"worker-3")
+    assert store.get_bytes("jobs/j2/claim.json") == b"plain put"
+
+
+def _race(store: Store, key: str, writers: int) -> list[int]:
+    """`writers` threads released together, each trying put_if_absent(key); returns the winners."""
+    barrier = threading.Barrier(writers)
+
+    def attempt(writer: int) -> int | None:
+        barrier.wait(timeout=30)
+        try:
+            store.put_if_absent(key, f"writer-{writer}".encode())
+        except ObjectExists:
+            return None
+        return writer
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        return [w for w in pool.map(attempt, range(writers)) if w is not None]
+
+
+def test_put_if_absent_race_has_exactly_one_winner(store):
+    for round_ in range(10):
+        key = f"claims/round-{round_}.json"
+        winners = _race(store, key, writers=8)
+        assert len(winners) == 1, f"round {round_}: winners {winners}"
+        assert store.get_bytes(key) == f"writer-{winners[0]}".encode()
+
+
+BAD_KEYS = ["../escape", "a/../../escape", "a/./b", "a//b", "a/", "./a", "a\\..\\escape", "nul\x00byte"]
+
+
+@pytest.mark.parametrize("bad", [*BAD_KEYS, "", "ABSOLUTE"])
+def test_unsafe_keys_are_refused_and_nothing_is_written(backend, local, tmp_path, bad):
+    store = backend.store
+    if bad == "ABSOLUTE":
+        bad = str(tmp_path / "absolute-target")
+    src = local / "src.bin"
+    src.write_bytes(b"payload")
+    before = backend.snapshot()
+    operations = {
+        "put_bytes": lambda: store.put_bytes(bad, b"x"),
+        "put_if_absent": lambda: store.put_if_absent(bad, b"x"),
+        "get_bytes": lambda: store.get_bytes(bad),
+        "put_file": lambda: store.put_file(bad, src),
+        "get_file": lambda: store.get_file(bad, local / "out.bin"),
+        "head": lambda: store.head(bad),
+        "delete": lambda: store.delete(bad),
+    }
+    if bad:  # list("") means the whole store
+        operations["list"] = lambda: list(store.list(bad))
+    for name, operation in operations.items():
+        with pytest.raises(InvalidKey):
+            operation()
+            pytest.fail(f"{name}({bad!r}) was accepted")
+    assert backend.snapshot() == before
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "absolute-target").exists()
+
+
+def test_prefixed_store_is_confined(store):
+    view = PrefixedStore(store, "jobs/j1")
+    assert view.uri == store.uri.rstrip("/") + "/jobs/j1"
+    view.put_bytes("phases/data/result.json", b"r")
+    store.put_bytes("jobs/j1x/sibling", b"s")
+    store.put_bytes("jobs/j2/other", b"o")
+
+    assert store.get_bytes("jobs/j1/phases/data/result.json") == b"r"
+    assert [info.key for info in view.list()] == ["phases/data/result.json"]
+    assert [info.key for info in view.list("phases")] == ["phases/data/result.json"]
+    assert view.head("phases/data/result.json") == ObjectInfo(key="phases/data/result.json", size=1)
+    for bad in ["../j2/other", "../j1x/sibling", "/jobs/j2/other", ""]:
+        with pytest.raises(InvalidKey):
+            view.get_bytes(bad)
+    with pytest.raises(InvalidKey):
+        PrefixedStore(store, "jobs/../..")
+    view.delete("phases/data/result.json")
+    assert list(view.list()) == []
+    assert store.get_bytes("jobs/j1x/sibling") == b"s"
+
+
+# --- S3 only: hostile listings --------------------------------------------------------------------------
+
+HOSTILE_SUFFIXES = ["../../x", "../x", "a/../../../x", "a//b", "a/./b", "/leading"]
+
+
+@pytest.mark.parametrize("suffix", HOSTILE_SUFFIXES)
+def test_listed_unsafe_key_is_refused(s3_store, s3_server, suffix):
+    raw = raw_client(s3_server)
+    hostile = f"{s3_store.prefix}/{suffix}"
+    s3_store.put_bytes("a/fine.json", b"ok")
+    raw.put_object(Bucket=s3_store.bucket, Key=hostile, Body=b"evil")
+    listed = {o["Key"] for o in raw.list_objects_v2(Bucket=s3_store.bucket)["Contents"]}
+    assert hostile in listed, f"the server normalised {hostile!r}; this test would prove nothing"
+
+    with pytest.raises(InvalidKey, match="refused listed key"):
+        list(s3_store.list())
+    if suffix.startswith("a/"):  # also when listing just the folder it hides in, or through a view of it
+        with pytest.raises(InvalidKey):
+            list(s3_store.list("a"))
+        with pytest.raises(InvalidKey):
+            list(PrefixedStore(s3_store, "a").list())
+
+
+def test_objects_outside_the_prefix_are_invisible(s3_store, s3_server):
+    raw = raw_client(s3_server)
+    for key in ["outside", f"{s3_store.prefix}x/sibling", s3_store.prefix]:
+        raw.put_object(Bucket=s3_store.bucket, Key=key, Body=b"not ours")
+    s3_store.put_bytes("inside", b"ours")
+    assert list(s3_store.list()) == [ObjectInfo(key="inside", size=4)]
+
+
+# --- S3 only: multipart, faults, error translation ------------------------------------------------------
+
+
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_kwargs):
+        yield self.data
+
+
+class Faults:
+    """A botocore 'before-send' hook answering a seeded-random share of requests itself with an S3 error,
+    as a throttling or failing server would; the rest go to the real server."""
+
+    def __init__(
+        self, rate: float, status: int = 503, code: str = "SlowDown", seed: int = 1234, limit: int | None = None
+    ):
+        self.rate, self.status, self.code, self.limit = rate, status, code, limit
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.injected = 0
+        self.requests: list[tuple[str, dict[str, str]]] = []
+
+    def __call__(self, request, **_kwargs):
+        with self._lock:
+            self.sent += 1
+            self.requests.append((request.method, dict(request.headers)))
+            if self._rng.random() >= self.rate or self.injected == self.limit:
+                return None
+            self.injected += 1
+        body = f"<Error><Code>{self.code}</Code><Message>injected by the test</Message></Error>".encode()
+        headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+        return AWSResponse(request.url, self.status, headers, _Body(body))
+
+
+def _sibling(s3_store: S3Store, endpoint: str, **options) -> S3Store:
+    """Another S3Store on the same bucket and prefix with different transfer or retry settings."""
+    settings = {"multipart_threshold": TEST_PART_SIZE, "multipart_chunksize": TEST_PART_SIZE}
+    settings.update(options)
+    return S3Store(s3_store.bucket, s3_store.prefix, endpoint_url=endpoint, addressing_style="path", **settings)
+
+
+def test_large_file_really_goes_in_parts(s3_store, s3_server, local):
+    recorder = Faults(rate=0.0)
+    s3_store.client.meta.events.register("before-send.s3", recorder)
+    data = _random_bytes(BIG_SIZE, seed=7)
+    (local / "big.bin").write_bytes(data)
+    s3_store.put_file("big.bin", local / "big.bin")
+    etag = raw_client(s3_server).head_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/big.bin")["ETag"]
+    assert etag.strip('"').endswith("-3")  # a multipart ETag: md5-of-md5s plus the part count
+
+    recorder.requests.clear()
+    s3_store.get_file("big.bin", local / "copy.bin")
+    ranged = [h for method, h in recorder.requests if method == "GET" and "Range" in h]
+    assert len(ranged) == 3
+    assert (local / "copy.bin").read_bytes() == data
+
+
+def test_transfers_survive_throttling(s3_store, s3_server, local):
+    faults = Faults(rate=0.3, seed=20240601)
+    s3_store.client.meta.events.register("before-send.s3", faults)
+    data = _random_bytes(BIG_SIZE, seed=11)
+    (local / "big.bin").write_bytes(data)
+    s3_store.put_file("ckpt/big.bin", local / "big.bin")
+    s3_store.get_file("ckpt/big.bin", local / "copy.bin")
+    assert hashlib.sha256((local / "copy.bin").read_bytes()).digest() == hashlib.sha256(data).digest()
+    small = {f"small/{i}.json": _random_bytes(100 + i, seed=i) for i in range(6)}
+    for key, payload in small.items():
+        s3_store.put_bytes(key, payload)
+    for key, payload in small.items():
+        assert s3_store.get_bytes(key) == payload
+    assert {i.key: i.size for i in s3_store.list("small")} == {k: len(v) for k, v in small.items()}
+
+    raw = raw_client(s3_server)  # what the server holds, read without faults
+    stored = raw.get_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/ckpt/big.bin")["Body"].read()
+    assert stored == data
+    assert faults.injected >= 3, f"only {faults.injected} of {faults.sent} requests failed: nothing tested"
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["put_bytes", "put_if_absent", "get_bytes", "head", "list", "put_file", "put_file_multipart", "get_file"],
+)
+def test_errors_that_outlast_retries_are_transient(s3_store, s3_server, local, operation):
+    s3_store.put_bytes("k", b"v")
+    (local / "small.bin").write_bytes(b"abc")
+    (local / "big.bin").write_bytes(_random_bytes(BIG_SIZE, seed=3))
+    store = _sibling(s3_store, s3_server, max_attempts=1)
+    faults = Faults(rate=1.0)
+    store.client.meta.events.register("before-send.s3", faults)
+    calls = {
+        "put_bytes": lambda: store.put_bytes("k", b"x"),
+        "put_if_absent": lambda: store.put_if_absent("new", b"x"),
+        "get_bytes": lambda: store.get_bytes("k"),
+        "head": lambda: store.head("k"),
+        "list": lambda: list(store.list()),
+        "put_file": lambda: store.put_file("k", local / "small.bin"),
+        "put_file_multipart": lambda: store.put_file("k", local / "big.bin"),
+        "get_file": lambda: store.get_file("k", local / "out.bin"),
+    }
+    with pytest.raises(TransientStoreError, match=f"s3://{store.bucket}/{store.prefix}"):
+        calls[operation]()
+    assert faults.injected >= 1
+    assert s3_store.get_bytes("k") == b"v"
+    assert not (local / "out.bin").exists()
+
+
+def test_retries_happen_before_giving_up(s3_store, s3_server):
+    s3_store.put_bytes("k", b"v")
+    store = _sibling(s3_store, s3_server, max_attempts=2)
+    faults = Faults(rate=1.0, status=500, code="InternalError")
+    store.client.meta.events.register("before-send.s3", faults)
+    with pytest.raises(TransientStoreError, match="InternalError"):
+        store.get_bytes("k")
+    assert faults.sent == 2
+
+
+@pytest.mark.parametrize("operation", ["get_bytes", "head", "put_bytes", "list"])
+def test_access_denied_is_a_plain_store_error(s3_store, s3_server, operation):
+    s3_store.put_bytes("k", b"v")
+    store = _sibling(s3_store, s3_server, max_attempts=1)
+    store.client.meta.events.register("before-send.s3", Faults(rate=1.0, status=403, code="AccessDenied"))
+    calls = {
+        "get_bytes": lambda: store.get_bytes("k"),
+        "head": lambda: store.head("k"),  # must not read as "absent"
+        "put_bytes": lambda: store.put_bytes("k", b"x"),
+        "list": lambda: list(store.list()),
+    }
+    with pytest.raises(StoreError) as info:
+        calls[operation]()
+    assert type(info.value) is StoreError
+
+
+def test_unreachable_endpoint_is_transient(s3_server):
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = S3Store("no-such-server", "p", endpoint_url=f"http://127.0.0.1:{port}", max_attempts=1)
+    with pytest.raises(TransientStoreError, match="s3://no-such-server/p/k"):
+        store.get_bytes("k")
+
+
+def test_conditional_write_conflict_is_asked_again(s3_store):
+    """A 409 ConditionalRequestConflict means another conditional write was in flight: retry, then the
+    real answer decides; a conflict that never clears counts as having lost."""
+    conflicts = Faults(rate=1.0, status=409, code="ConditionalRequestConflict")
+    s3_store.client.meta.events.register("before-send.s3.PutObject", conflicts)
+    with pytest.raises(ObjectExists, match="ConditionalRequestConflict"):
+        s3_store.put_if_absent("claim.json", b"w1")
+    assert conflicts.sent == CONFLICT_RETRIES + 1
+    s3_store.client.meta.events.unregister("before-send.s3.PutObject", conflicts)
+
+    once = Faults(rate=1.0, status=409, code="ConditionalRequestConflict", limit=1)
+    s3_store.client.meta.events.register("before-send.s3.PutObject", once)
+    s3_store.put_if_absent("claim.json", b"w2")
+    assert (once.injected, once.sent) == (1, 2)
+    assert s3_store.get_bytes("claim.json") == b"w2"
+
+
+def test_abort_stale_uploads(s3_store, s3_server):
+    raw = raw_client(s3_server)
+    bucket, prefix = s3_store.bucket, s3_store.prefix
+    now = datetime.now(timezone.utc)
+    initiated: dict[str, datetime] = {}
+
+    def start_upload(key: str, age_s: float) -> None:
+        upload_id = raw.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        raw.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=b"x" * 1024)
+        initiated[key] = now - timedelta(seconds=age_s)
+
+    def real_start_times(parsed, **_kwargs):
+        # moto 5.2.5 reports every upload as initiated on 2010-11-10; give back the times the test chose.
+        for upload in parsed.get("Uploads", ()):
+            upload["Initiated"] = initiated[upload["Key"]]
+
+    s3_store.client.meta.events.register("after-call.s3.ListMultipartUploads", real_start_times)
+    start_upload(f"{prefix}/jobs/a/step-00000001/model.safetensors", age_s=7200)
+    start_upload(f"{prefix}/jobs/a/step-00000002/model.safetensors", age_s=1)
+    start_upload(f"{prefix}/jobs/ab/other.bin", age_s=7200)  # a sibling of jobs/a, not under it
+    start_upload("outside/the/store.bin", age_s=7200)
+
+    def open_uploads() -> list[str]:
+        return sorted(u["Key"] for u in raw.list_multipart_uploads(Bucket=bucket).get("Uploads", ()))
+
+    assert s3_store.abort_stale_uploads("jobs/a", older_than_s=3600) == 1
+    assert open_uploads() == [
+        "outside/the/store.bin",
+        f"{prefix}/jobs/a/step-00000002/model.safetensors",
+        f"{prefix}/jobs/ab/other.bin",
+    ]
+    assert s3_store.abort_stale_uploads("", older_than_s=3600) == 1
+    assert open_uploads() == ["outside/the/store.bin", f"{prefix}/jobs/a/step-00000002/model.safetensors"]
+    assert s3_store.abort_stale_uploads("", older_than_s=0) == 1
+    assert open_uploads() == ["outside/the/store.bin"]
+    assert list(s3_store.list()) == []
+
+    start_upload(f"{prefix}/jobs/../../escape", age_s=7200)
+    with pytest.raises(InvalidKey):
+        s3_store.abort_stale_uploads("", older_than_s=0)
+    with pytest.raises(ValueError):
+        s3_store.abort_stale_uploads("", older_than_s=-1)
+
+
+# --- S3 only: configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "bucket", "prefix", "canonical"),
+    [
+        ("s3://bkt", "bkt", "", "s3://bkt"),
+        ("s3://bkt/", "bkt", "", "s3://bkt"),
+        ("s3://bkt/runs/team-a/", "bkt", "runs/team-a", "s3://bkt/runs/team-a"),
+    ],
+)
+def test_from_uri(s3_server, uri, bucket, prefix, canonical):
+    store = S3Store.from_uri(uri, endpoint_url=s3_server)
+    assert (store.bucket, store.prefix, store.uri) == (bucket, prefix, canonical)
+
+
+@pytest.mark.parametrize("uri", ["s3://", "s3:///p", "s3://bkt/a/../../x", "s3://bkt/a//b", "gs://bkt/p", "s3://b/x"])
+def test_from_uri_refuses_malformed(s3_server, uri):
+    with pytest.raises(InvalidKey):
+        S3Store.from_uri(uri, endpoint_url=s3_server)
+
+
+def test_open_store_passes_options(s3_server):
+    bucket = create_bucket(s3_server)
+    store = open_store(f"s3://{bucket}/root", endpoint_url=s3_server, region=None, addressing_style="path")
+    assert isinstance(store, S3Store)
+    store.put_bytes("x", b"1")
+    assert raw_client(s3_server).get_object(Bucket=bucket, Key="root/x")["Body"].read() == b"1"
+
+
+def test_endpoint_region_and_style_from_environment(s3_server, monkeypatch):
+    bucket = create_bucket(s3_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    monkeypatch.setenv("RENTUNE_S3_ADDRESSING_STYLE", "path")
+    store = S3Store.from_uri(f"s3://{bucket}/p")
+    assert store.client.meta.region_name == "eu-west-3"
+    assert store.client.meta.config.s3["addressing_style"] == "path"
+    store.put_bytes("k", b"via the environment")
+    assert raw_client(s3_server).get_object(Bucket=bucket, Key="p/k")["Body"].read() == b"via the environment"
+
+    explicit = S3Store.from_uri(f"s3://{bucket}/p", region="ap-south-1", addressing_style="virtual")
+    assert explicit.client.meta.region_name == "ap-south-1"
+    assert explicit.client.meta.config.s3["addressing_style"] == "virtual"
+    monkeypatch.setenv("RENTUNE_S3_ADDRESSING_STYLE", "sideways")
+    with pytest.raises(StoreError, match="sideways"):
+        S3Store.from_uri(f"s3://{bucket}/p")
+
+
+def _checksum_headers(store: S3Store) -> set[str]:
+    recorder = Faults(rate=0.0)
+    store.client.meta.events.register("before-send.s3.PutObject", recorder)
+    store.put_bytes("k", b"checksummed?")
+    assert store.get_bytes("k") == b"checksummed?"
+    (_, headers) = recorder.requests[-1]
+    return {name.lower() for name in headers if "checksum" in name.lower()}
+
+
+def test_checksums_only_when_required_unless_the_environment_says(s3_store, s3_server, monkeypatch):
+    assert s3_store.client.meta.config.request_checksum_calculation == "when_required"
+    assert s3_store.client.meta.config.response_checksum_validation == "when_required"
+    assert _checksum_headers(s3_store) == set()
+
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
+    store = _sibling(s3_store, s3_server)
+    assert store.client.meta.config.request_checksum_calculation == "when_supported"
+    assert any(name.startswith("x-amz-checksum-") for name in _checksum_headers(store))
+
+
+def test_credentials_are_never_parameters():
+    names = set(inspect.signature(S3Store).parameters) | set(inspect.signature(S3Store.from_uri).parameters)
+    assert not {n for n in names if "key" in n or "secret" in n or "token" in n or "credential" in n}
