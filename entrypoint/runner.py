@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,11 @@ PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("evaluate", evaluate.run),
     ("export", export.run),
 ]
+
+
+# A multipart upload older than this under the job's prefix belongs to a dead process: a live one finishes
+# any checkpoint file far sooner, and the margin covers clock skew between this node and the server.
+STALE_UPLOAD_S = 3600.0
 
 
 class JobConflict(RuntimeError):
@@ -81,16 +88,34 @@ def attempt_number(store: Store) -> int:
             number += 1
 
 
+def _stop_on_sigterm():
+    """Outside training (which finishes its step and commits first), SIGTERM stops the current phase at
+    once: it is not committed and runs again in the next process. Returns the previous handler."""
+
+    def stop(signum, frame):
+        raise Interrupted("stopped on SIGTERM before the current phase committed; it runs again on resume")
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str], None]) -> JobOutcome:
     """Run every phase not yet committed. Raises whatever a phase raises, after recording the attempt."""
     spec = loaded.spec
     store = job_store(root, spec.job.id)
     _freeze_spec(store, loaded)
     attempt = attempt_number(store)
+    abort_stale = getattr(root, "abort_stale_uploads", None)  # object stores with multipart uploads only
+    if abort_stale is not None:
+        aborted = abort_stale(join_key("jobs", spec.job.id), STALE_UPLOAD_S)
+        if aborted:
+            log(f"store: aborted {aborted} multipart upload(s) left by an interrupted process")
     store.put_bytes(f"attempts/{attempt}/env.json", dumps(environment()))
     ctx = PhaseContext(spec=spec, spec_sha256=loaded.sha256, store=store, workdir=workdir / spec.job.id, log=log)
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
+    previous_handler = _stop_on_sigterm()
     try:
         for name, phase in PHASES:
             key = f"phases/{name}/result.json"
@@ -111,6 +136,8 @@ def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str],
         outcome["error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
         outcome["ended_at"] = time.time()
         store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
     return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)

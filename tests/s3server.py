@@ -7,10 +7,12 @@ client with moto's fake credentials passed explicitly. Only 127.0.0.1 is ever bo
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,9 +20,10 @@ import uuid
 from pathlib import Path
 
 import boto3
+from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 
-__all__ = ["HOST", "MotoServer", "create_bucket", "raw_client"]
+__all__ = ["HOST", "Faults", "MotoServer", "create_bucket", "raw_client"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # importing moto takes a few seconds; a loaded CI runner can take much longer
@@ -135,3 +138,37 @@ def create_bucket(endpoint_url: str, stem: str = "rentune-test") -> str:
     name = f"{stem}-{uuid.uuid4().hex[:16]}"
     raw_client(endpoint_url).create_bucket(Bucket=name)
     return name
+
+
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_kwargs):
+        yield self.data
+
+
+class Faults:
+    """A botocore 'before-send' hook answering a seeded-random share of requests itself with an S3 error,
+    as a throttling or failing server would; the rest go to the real server."""
+
+    def __init__(
+        self, rate: float, status: int = 503, code: str = "SlowDown", seed: int = 1234, limit: int | None = None
+    ):
+        self.rate, self.status, self.code, self.limit = rate, status, code, limit
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.injected = 0
+        self.requests: list[tuple[str, dict[str, str]]] = []
+
+    def __call__(self, request, **_kwargs):
+        with self._lock:
+            self.sent += 1
+            self.requests.append((request.method, dict(request.headers)))
+            if self._rng.random() >= self.rate or self.injected == self.limit:
+                return None
+            self.injected += 1
+        body = f"<Error><Code>{self.code}</Code><Message>injected by the test</Message></Error>".encode()
+        headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+        return AWSResponse(request.url, self.status, headers, _Body(body))

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from botocore.awsrequest import AWSResponse
 
 from entrypoint.store import open_store
 from entrypoint.store.base import (
@@ -30,7 +29,7 @@ from entrypoint.store.base import (
 )
 from entrypoint.store.s3 import CONFLICT_RETRIES, S3Store
 from tests.integration.conftest import TEST_PART_SIZE
-from tests.s3server import create_bucket, raw_client
+from tests.s3server import Faults, create_bucket, raw_client
 
 MiB = 1 << 20
 BIG_SIZE = 12 * MiB  # > TEST_PART_SIZE: 3 parts up, 3 ranged GETs down
@@ -284,40 +283,6 @@ def test_objects_outside_the_prefix_are_invisible(s3_store, s3_server):
 
 
 # --- S3 only: multipart, faults, error translation ------------------------------------------------------
-
-
-class _Body:
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def stream(self, **_kwargs):
-        yield self.data
-
-
-class Faults:
-    """A botocore 'before-send' hook answering a seeded-random share of requests itself with an S3 error,
-    as a throttling or failing server would; the rest go to the real server."""
-
-    def __init__(
-        self, rate: float, status: int = 503, code: str = "SlowDown", seed: int = 1234, limit: int | None = None
-    ):
-        self.rate, self.status, self.code, self.limit = rate, status, code, limit
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self.sent = 0
-        self.injected = 0
-        self.requests: list[tuple[str, dict[str, str]]] = []
-
-    def __call__(self, request, **_kwargs):
-        with self._lock:
-            self.sent += 1
-            self.requests.append((request.method, dict(request.headers)))
-            if self._rng.random() >= self.rate or self.injected == self.limit:
-                return None
-            self.injected += 1
-        body = f"<Error><Code>{self.code}</Code><Message>injected by the test</Message></Error>".encode()
-        headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
-        return AWSResponse(request.url, self.status, headers, _Body(body))
 
 
 def _sibling(s3_store: S3Store, endpoint: str, **options) -> S3Store:

@@ -1,0 +1,134 @@
+"""Store benchmark: a ~200 MB checkpoint to and from a loopback S3 server (moto), through rentune's
+commit/discover protocol vs plain boto3 `upload_file`/`download_file` with default settings, in the same
+run; and the time from SIGTERM to a committed checkpoint in a real `rentune run` process.
+
+    .venv/bin/python bench/store.py [--size-mb 200] [--repeats 3]
+
+Prints ratios (rentune / plain boto3): below 1 is faster. rentune's side also hashes every file (sha256)
+and confirms each object before writing the manifest, and on download verifies every hash: the ratio
+is the price of that safety. moto keeps objects in memory in one Python process, so absolute MB/s here
+say little about a real S3 endpoint; the ratio is what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from entrypoint.checkpoint import commit_checkpoint, find_latest  # noqa: E402
+from entrypoint.store.s3 import S3Store  # noqa: E402
+from tests.s3server import MotoServer, create_bucket, raw_client  # noqa: E402
+
+ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _checkpoint(folder: Path, size_mb: int) -> Path:
+    """Weights (75%) and optimizer state (25%) of random bytes: incompressible, like real tensors."""
+    folder.mkdir(parents=True)
+    weights = size_mb * 3 // 4
+    for name, mb in (("adapter_model.safetensors", weights), ("optimizer.pt", size_mb - weights)):
+        with open(folder / name, "wb") as out:
+            for _ in range(mb):
+                out.write(os.urandom(1 << 20))
+    (folder / "trainer_state.json").write_text('{"global_step": 1}')
+    return folder
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def bench_transfers(endpoint: str, size_mb: int, repeats: int, tmp: Path) -> None:
+    source = _checkpoint(tmp / "ckpt", size_mb)
+    files = sorted(p for p in source.iterdir())
+    bucket = create_bucket(endpoint)
+    store = S3Store.from_uri(f"s3://{bucket}/rentune", endpoint_url=endpoint, addressing_style="path")
+    plain = raw_client(endpoint)
+    up_r, up_p, down_r, down_p = [], [], [], []
+    for i in range(repeats):
+        up_r.append(_timed(lambda i=i: commit_checkpoint(store, "ckpt", i, source, {"trial_id": "bench"})))
+        up_p.append(_timed(lambda i=i: [plain.upload_file(str(f), bucket, f"plain/{i}/{f.name}") for f in files]))
+        out = tmp / f"down-{i}"
+        down_r.append(_timed(lambda out=out: find_latest(store, "ckpt", out, print)))
+        down_p.append(
+            _timed(
+                lambda i=i, out=out: [
+                    plain.download_file(bucket, f"plain/{i}/{f.name}", str(out / f.name)) for f in files
+                ]
+            )
+        )
+        shutil.rmtree(out)
+    for name, mine, theirs in (("upload", up_r, up_p), ("download", down_r, down_p)):
+        m, t = statistics.median(mine), statistics.median(theirs)
+        print(
+            f"{name:<8} {size_mb} MB: rentune {m:6.2f} s ({size_mb / m:6.1f} MB/s)  "
+            f"plain boto3 {t:6.2f} s ({size_mb / t:6.1f} MB/s)  ratio {m / t:.2f}"
+        )
+
+
+def bench_sigterm(endpoint: str, tmp: Path) -> None:
+    """A real `rentune run` of a tiny model; SIGTERM after its first checkpoint; time until the next commit."""
+    import yaml
+
+    from tests.models import build_tiny_bert
+
+    model = build_tiny_bert(tmp / "tiny")
+    bucket = create_bucket(endpoint)
+    spec = {
+        "job": {"id": "bench-sigterm"},
+        "hypothesis": {"task": "classification", "statement": "bench"},
+        "model": {"path": str(model), "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "training": {"max_steps": 100000, "microbatch": 8, "device": "cpu", "checkpoint": {"every_steps": 20}},
+        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint, "addressing_style": "path"},
+    }
+    (tmp / "spec.yaml").write_text(yaml.safe_dump(spec))
+    rentune = Path(sys.executable).parent / "rentune"
+    proc = subprocess.Popen(
+        [rentune, "run", str(tmp / "spec.yaml"), "--workdir", str(tmp / "work")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    for line in proc.stdout:
+        if line.startswith("checkpoint: committed step"):
+            break
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    wall = time.perf_counter() - sent
+    reported = re.search(r"committed ([\d.]+) s after SIGTERM", out)
+    print(
+        f"sigterm  exit code {proc.returncode}; checkpoint committed {reported.group(1) if reported else '?'} s "
+        f"after SIGTERM (process gone after {wall:.2f} s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.update(ENV)
+    with MotoServer() as server, tempfile.TemporaryDirectory() as tmp:
+        bench_transfers(server.endpoint_url, args.size_mb, args.repeats, Path(tmp))
+        bench_sigterm(server.endpoint_url, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The checkpoint commit protocol against both stores (file:// and a real S3 server): a checkpoint exists
+only when its manifest and every file verify; discovery falls back past broken ones and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from entrypoint.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    commit_checkpoint,
+    find_latest,
+    list_steps,
+    rotate,
+)
+from entrypoint.store import PrefixedStore
+from tests.s3server import Faults
+
+PREFIX = "trials/t/checkpoints"
+META = {"trial_id": "t", "spec_sha256": "s" * 64}
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request):
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+def _files(folder: Path, step: int, size: int = 2048) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(step)
+    (folder / "adapter_model.safetensors").write_bytes(rng.randbytes(size))
+    (folder / "optimizer.pt").write_bytes(rng.randbytes(size // 2))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def _commit(store, tmp_path: Path, step: int, **kw) -> dict:
+    return commit_checkpoint(store, PREFIX, step, _files(tmp_path / f"src-{step}", step, **kw), META)
+
+
+def _logger():
+    lines: list[str] = []
+    return lines, lines.append
+
+
+def test_commit_then_discover_round_trip(store, tmp_path):
+    for step in (10, 20):
+        _commit(store, tmp_path, step)
+    lines, log = _logger()
+    found = find_latest(store, PREFIX, tmp_path / "dl", log)
+    assert found.step == 20 and not lines
+    assert found.manifest["trial_id"] == "t" and set(found.manifest["files"]) == {
+        "adapter_model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+    }
+    for name in found.manifest["files"]:
+        assert (found.folder / name).read_bytes() == (tmp_path / "src-20" / name).read_bytes()
+
+
+def test_no_checkpoint_at_all(store, tmp_path):
+    assert find_latest(store, PREFIX, tmp_path / "dl", print) is None
+
+
+def test_one_corrupt_byte_falls_back_and_logs_why(store, tmp_path):
+    _commit(store, tmp_path, 10)
+    _commit(store, tmp_path, 20)
+    key = f"{PREFIX}/step-00000020/optimizer.pt"
+    data = bytearray(store.get_bytes(key))
+    data[len(data) // 2] ^= 0x01
+    store.put_bytes(key, bytes(data))
+    lines, log = _logger()
+    found = find_latest(store, PREFIX, tmp_path / "dl", log)
+    assert found.step == 10
+    assert lines == [
+        "checkpoint step 20: optimizer.pt does not match its sha256 in the manifest; "
+        "falling back to an older checkpoint"
+    ]
+
+
+def test_deleted_object_falls_back_and_logs_why(store, tmp_path):
+    _commit(store, tmp_path, 10)
+    _commit(store, tmp_path, 20)
+    store.delete(f"{PREFIX}/step-00000020/adapter_model.safetensors")
+    lines, log = _logger()
+    assert find_latest(store, PREFIX, tmp_path / "dl", log).step == 10
+    assert "adapter_model.safetensors is missing" in lines[0]
+
+
+def test_truncated_file_and_missing_manifest_and_garbage_manifest(store, tmp_path):
+    _commit(store, tmp_path, 10)
+    _commit(store, tmp_path, 20)
+    _commit(store, tmp_path, 30)
+    store.put_bytes(f"{PREFIX}/step-00000030/optimizer.pt", b"short")
+    store.put_bytes(f"{PREFIX}/step-00000040/optimizer.pt", b"upload never finished")
+    store.put_bytes(f"{PREFIX}/step-00000050/{MANIFEST}", b"{not json")
+    lines, log = _logger()
+    assert find_latest(store, PREFIX, tmp_path / "dl", log).step == 20
+    assert [line.split(":")[0] for line in lines] == ["checkpoint step 50", "checkpoint step 40", "checkpoint step 30"]
+    assert "unreadable manifest" in lines[0] and "no manifest" in lines[1] and "has 5 bytes" in lines[2]
+
+
+def test_rotation_keeps_the_last_k_valid_and_clears_older_debris(store, tmp_path):
+    for step in (10, 20, 30, 40):
+        _commit(store, tmp_path, step)
+    store.put_bytes(f"{PREFIX}/step-00000015/optimizer.pt", b"debris of a killed upload")
+    store.put_bytes(f"{PREFIX}/step-00000045/optimizer.pt", b"maybe another writer, in progress")
+    deleted = rotate(store, PREFIX, keep=2, log=lambda m: None)
+    assert deleted == [10, 15, 20]
+    assert sorted(list_steps(store, PREFIX)) == [30, 40, 45]
+    assert find_latest(store, PREFIX, tmp_path / "dl", lambda m: None).step == 40
+
+
+def test_two_writers_racing_for_one_manifest(store, tmp_path):
+    """Exactly one manifest wins. A writer with the same files gets the winner's manifest; a writer with
+    different files is told so (the 412 from S3 or EEXIST on disk is handled, not raised raw)."""
+    a, b = _files(tmp_path / "a", 1), _files(tmp_path / "b", 2)
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def write(name: str, folder: Path) -> None:
+        barrier.wait()
+        try:
+            outcomes[name] = commit_checkpoint(store, PREFIX, 7, folder, {**META, "writer": name})
+        except CheckpointError as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=write, args=(n, f)) for n, f in (("a", a), ("b", b))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [n for n, o in outcomes.items() if isinstance(o, dict)]
+    assert len(winners) == 1, outcomes
+    stored = json.loads(store.get_bytes(f"{PREFIX}/step-00000007/{MANIFEST}"))
+    assert stored["writer"] == winners[0]
+    # The same content again is accepted and returns the manifest that won.
+    same = commit_checkpoint(store, PREFIX, 7, tmp_path / winners[0], {**META, "writer": "late"})
+    assert same["writer"] == winners[0]
+
+
+def test_commit_survives_injected_throttling(s3_store, tmp_path):
+    faults = Faults(rate=0.3, seed=7)
+    s3_store.client.meta.events.register("before-send.s3", faults)
+    try:
+        _commit(s3_store, tmp_path, 10, size=12 << 20)  # 12 MiB: multipart at the test's 5 MiB parts
+    finally:
+        s3_store.client.meta.events.unregister("before-send.s3", faults)
+    assert faults.injected > 0
+    assert find_latest(s3_store, PREFIX, tmp_path / "dl", print).step == 10
+
+
+UPLOADER = textwrap.dedent(
+    """
+    import sys, threading, time
+    from pathlib import Path
+    from entrypoint.checkpoint import commit_checkpoint
+    from entrypoint.store.s3 import S3Store
+    store = S3Store.from_uri(sys.argv[1], endpoint_url=sys.argv[2], addressing_style="path",
+                             multipart_threshold=5 << 20, multipart_chunksize=5 << 20, max_concurrency=2)
+    lock = threading.Lock()  # multipart parts go from several threads: one whole line at a time
+    def announce(request, **kwargs):  # one line per HTTP request, so the test can kill between any two
+        with lock:
+            print("request", request.method, flush=True)
+        time.sleep(0.05)
+    store.client.meta.events.register("before-send.s3", announce)
+    commit_checkpoint(store, sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]), {"trial_id": "t"})
+    print("committed", flush=True)
+    """
+)
+
+
+def _uploader(uri: str, endpoint: str, step: int, folder: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", UPLOADER, uri, endpoint, PREFIX, str(step), str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
+def test_sigkill_during_upload_never_leaves_a_usable_partial_checkpoint(s3_store, s3_server, tmp_path):
+    """Kill the uploading process after a random one of its HTTP requests, many times: discovery never
+    raises, always returns the previous valid checkpoint, and no killed step has a manifest."""
+    uri = f"s3://{s3_store.bucket}/{s3_store.prefix}"
+    _commit(s3_store, tmp_path, 1)
+    big = _files(tmp_path / "big", 2, size=12 << 20)  # 12 MiB + 6 MiB: multipart, a dozen requests
+    complete = _uploader(uri, s3_server, 99, big)
+    requests = [line for line in complete.communicate()[0].splitlines() if line.startswith("request")]
+    assert complete.returncode == 0 and requests[-1] == "request PUT"  # the manifest is the last request
+    assert find_latest(s3_store, PREFIX, tmp_path / "dl", print).step == 99
+    s3_store.delete(f"{PREFIX}/step-00000099/{MANIFEST}")
+
+    rng = random.Random(2024)
+    for attempt in range(12):
+        step = 100 + attempt
+        kill_after = rng.randint(1, len(requests) - 3)  # the manifest PUT is never reached
+        proc = _uploader(uri, s3_server, step, big)
+        for _ in range(kill_after):
+            assert proc.stdout.readline().startswith("request")
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        assert s3_store.head(f"{PREFIX}/step-{step:08d}/{MANIFEST}") is None, (attempt, kill_after)
+        lines, log = _logger()
+        found = find_latest(s3_store, PREFIX, tmp_path / "dl", log)
+        assert found.step == 1, (attempt, kill_after, lines)
+    assert all(MANIFEST not in names for step, names in list_steps(s3_store, PREFIX).items() if step >= 99)
+
+
+def test_prefixed_job_store_confines_checkpoints(file_store, tmp_path):
+    job = PrefixedStore(file_store, "jobs/a")
+    _commit(job, tmp_path, 5)
+    assert all(info.key.startswith("jobs/a/trials/") for info in file_store.list(""))
