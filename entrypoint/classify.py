@@ -1,5 +1,5 @@
-"""Preprocessing and inference for classification, shared by training, evaluation and verification, so
-every phase turns text into tokens and logits into labels the same way."""
+"""Inference for classification, shared by training, evaluation and verification, so every phase turns
+logits into labels the same way (preprocessing for training lives in preprocess.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["encode", "predict_labels", "zero_shot_labels"]
-
-
-def encode(tokenizer, rows: Sequence[dict], labels: Sequence[str], max_length: int) -> list[dict]:
-    """Rows of {"text", "label"} -> feature dicts for the Trainer (padding is left to the collator)."""
-    index = {label: i for i, label in enumerate(labels)}
-    features = []
-    for row in rows:
-        encoded = tokenizer(row["text"], truncation=True, max_length=max_length)
-        features.append({**encoded, "labels": index[row["label"]]})
-    return features
+__all__ = ["predict_labels", "zero_shot_labels"]
 
 
 @torch.no_grad()

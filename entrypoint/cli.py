@@ -58,7 +58,12 @@ def schema() -> None:
     show_default=True,
     help="Local scratch folder; may be lost at any time, the store is the truth.",
 )
-def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
+@click.option(
+    "--until",
+    type=click.Choice(["data", "baseline", "train", "evaluate", "export"]),
+    help="Stop after this phase (e.g. `--until data` checks and inspects the data only).",
+)
+def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
     import transformers
 
@@ -68,8 +73,8 @@ def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
     # load reports and progress bars would bury the per-step progress lines.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    from entrypoint.phases.data import DataError
-    from entrypoint.runner import JobConflict, read_result, run_job
+    from entrypoint.dataio import DataError
+    from entrypoint.runner import JobConflict, Unsupported, read_result, run_job
     from entrypoint.store import InvalidKey, open_store
     from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
 
@@ -87,14 +92,14 @@ def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
         sys.exit(EXIT_INVALID)
     _log(f"rentune: job {loaded.spec.job.id} -> {root.uri}")
     try:
-        outcome = run_job(loaded, root, workdir, _log)
+        outcome = run_job(loaded, root, workdir, _log, until=until)
     except Interrupted as exc:
         click.echo(f"rentune: {exc}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except JobConflict as exc:
         click.echo(f"rentune: {exc}", err=True)
         sys.exit(EXIT_CONFLICT)
-    except (DataError, ModelError) as exc:
+    except (DataError, ModelError, Unsupported) as exc:
         click.echo(f"rentune: {loaded.source}: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     except Exception as exc:  # the attempt record in the store holds the error too
@@ -104,6 +109,9 @@ def run(spec: Path, store_uri: str | None, workdir: Path) -> None:
     from entrypoint.runner import job_store
 
     store = job_store(root, outcome.job_id)
+    if until is not None and until != "export":
+        _log(f"\nstopped after {until}, as asked; results under {outcome.store_uri}/phases/")
+        return
     evaluated, baseline, exported = (read_result(store, p) for p in ("evaluate", "baseline", "export"))
     labels = read_result(store, "data")["labels"]
     _log("\nper-category F1 on the eval split (baseline = untouched base model, zero-shot)")

@@ -18,7 +18,7 @@ from jobspec.schema import Adaptation, Model
 __all__ = [
     "BaseModelHash",
     "ModelError",
-    "build_classifier",
+    "build_model",
     "hash_base_model",
     "load_encoder",
     "load_trained",
@@ -85,25 +85,32 @@ def load_encoder(folder: Path) -> torch.nn.Module:
     return AutoModel.from_pretrained(folder, use_safetensors=True, trust_remote_code=False).eval()
 
 
-def build_classifier(folder: Path, labels: list[str], adaptation: Adaptation) -> torch.nn.Module:
-    """Sequence classifier over `labels`; LoRA-wrapped (head trained in full) or fully trainable.
+def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adaptation) -> torch.nn.Module:
+    """The model to train: a causal LM, or a sequence classifier over `labels` (a new head); LoRA-wrapped
+    (a classifier head then trains in full) or fully trainable.
 
-    Raises ModelError when a LoRA target module matches nothing in the real model.
+    Raises ModelError when weights other than a new head are missing from the checkpoint (they would be
+    random, and frozen under LoRA) or when a LoRA target module matches nothing in the real model.
     """
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        folder,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        use_safetensors=True,
-        trust_remote_code=False,
-        output_loading_info=True,
-    )
-    # Only the new task head may start from random weights. Anything else missing from the checkpoint
-    # would be random *and frozen* under LoRA, silently crippling the model.
-    trained_anyway = ("classifier", "score", *adaptation.modules_to_save)
+    if causal:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, use_safetensors=True, trust_remote_code=False, output_loading_info=True
+        )
+        new_head: tuple[str, ...] = ()
+    else:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            folder,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)},
+            use_safetensors=True,
+            trust_remote_code=False,
+            output_loading_info=True,
+        )
+        new_head = ("classifier", "score")
+    trained_anyway = (*new_head, *adaptation.modules_to_save)
     missing = sorted(k for k in info["missing_keys"] if k.split(".")[0] not in trained_anyway)
     if missing and adaptation.method == "lora":
         raise ModelError(
@@ -115,21 +122,25 @@ def build_classifier(folder: Path, labels: list[str], adaptation: Adaptation) ->
     from peft import LoraConfig, TaskType, get_peft_model
 
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [target for target in adaptation.target_modules if target not in names]
-    if missing:
+    unmatched = [target for target in adaptation.target_modules or () if target not in names]
+    if unmatched:
         raise ModelError(
-            f"adaptation.target_modules: {missing} match no module of {type(model).__name__}; "
+            f"adaptation.target_modules: {unmatched} match no module of {type(model).__name__}; "
             f"candidates include {sorted(n for n in names if n and not n.isdigit())[:20]}"
         )
     config = LoraConfig(
-        task_type=TaskType.SEQ_CLS,  # adds the classifier head to modules_to_save
+        # SEQ_CLS also puts the new classifier head in modules_to_save, so it trains and is saved.
+        task_type=TaskType.CAUSAL_LM if causal else TaskType.SEQ_CLS,
         r=adaptation.rank,
         lora_alpha=adaptation.alpha,
         lora_dropout=adaptation.dropout,
-        target_modules=list(adaptation.target_modules),
+        target_modules=list(adaptation.target_modules) if adaptation.target_modules else None,
         modules_to_save=list(adaptation.modules_to_save) or None,
     )
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # peft has no default targets for this architecture
+        raise ModelError(f"adaptation.target_modules: {exc}; name the modules to wrap") from None
 
 
 def load_trained(base_folder: Path, weights_folder: Path, labels: list[str], method: str) -> torch.nn.Module:

@@ -24,11 +24,12 @@ from pathlib import Path
 from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
 from entrypoint.phases import baseline, data, evaluate, export, train
+from entrypoint.preprocess import is_causal
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
 from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec
 
-__all__ = ["PHASES", "JobConflict", "attempt_number", "job_store", "run_job"]
+__all__ = ["PHASES", "JobConflict", "Unsupported", "attempt_number", "job_store", "run_job"]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
@@ -42,6 +43,10 @@ PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
 # A multipart upload older than this under the job's prefix belongs to a dead process: a live one finishes
 # any checkpoint file far sooner, and the margin covers clock skew between this node and the server.
 STALE_UPLOAD_S = 3600.0
+
+
+class Unsupported(ValueError):
+    """The spec asks for something this version cannot do yet; said before any compute is spent on it."""
 
 
 class JobConflict(RuntimeError):
@@ -100,8 +105,13 @@ def _stop_on_sigterm():
     return signal.signal(signal.SIGTERM, stop)
 
 
-def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str], None]) -> JobOutcome:
-    """Run every phase not yet committed. Raises whatever a phase raises, after recording the attempt."""
+def run_job(
+    loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str], None], until: str | None = None
+) -> JobOutcome:
+    """Run every phase not yet committed, in order, stopping after `until` if given. Raises whatever a
+    phase raises, after recording the attempt."""
+    if until is not None and until not in dict(PHASES):
+        raise ValueError(f"--until {until!r}: expected one of {', '.join(name for name, _ in PHASES)}")
     spec = loaded.spec
     store = job_store(root, spec.job.id)
     _freeze_spec(store, loaded)
@@ -122,14 +132,23 @@ def run_job(loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str],
             if store.head(key) is not None:
                 log(f"{name}: already committed, skipping")
                 skipped.append(name)
+                if name == until:
+                    break
                 continue
             outcome["phase"] = name
+            if name != "data" and is_causal(spec):
+                raise Unsupported(
+                    f"hypothesis.task {spec.hypothesis.task!r}: the {name} phase for causal LMs is not built yet; "
+                    "`rentune run --until data` checks and inspects the data"
+                )
             log(f"{name}: starting")
             started = time.monotonic()
             result = phase(ctx)
             result["seconds"] = round(time.monotonic() - started, 3)
             store.put_if_absent(key, dumps(result))
             ran.append(name)
+            if name == until:
+                break
         outcome = {"outcome": "completed", "phase": None}
     except BaseException as exc:
         outcome["outcome"] = "interrupted" if isinstance(exc, Interrupted) else "error"

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from transformers import DataCollatorWithPadding, PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from entrypoint.checkpoint import commit_checkpoint, rotate
 from entrypoint.store import Store
@@ -155,7 +155,7 @@ class StoreCheckpointCallback(TrainerCallback):
 
 def build_trainer(
     model,
-    tokenizer,
+    data_collator,
     train_features: list[dict],
     training: Training,
     output_dir: Path,
@@ -196,7 +196,7 @@ def build_trainer(
         model=model,
         args=args,
         train_dataset=train_features,
-        data_collator=DataCollatorWithPadding(tokenizer),
+        data_collator=data_collator,
         callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)  # ProgressCallback prints one readable line per log instead

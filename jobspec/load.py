@@ -129,11 +129,6 @@ def _allowed_keys(loc: list[str]) -> list[str]:
 
 def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
     errors = []
-    if spec.hypothesis.task != "classification":
-        errors.append(
-            f"{source}: hypothesis.task: expected 'classification'; 'format' and 'extraction' jobs need a "
-            "causal LM path that this version does not have yet"
-        )
     if spec.adaptation.method == "full" and spec.adaptation.modules_to_save:
         errors.append(f"{source}: adaptation.modules_to_save: expected empty with method 'full' (all train)")
     if errors:

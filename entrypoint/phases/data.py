@@ -1,66 +1,57 @@
-"""Data phase: read the source, check every row, split by category with a recorded seed, version it.
+"""Data phase: prove that train, eval and the sealed test split are what the user thinks, before any
+compute is spent on them.
 
-Commits `phases/data/{train,eval,test}.jsonl` (canonical rows) before its result, so every later phase,
-on any node, trains and evaluates on exactly these bytes.
+    read (JSONL, local or s3://, every row checked) -> clean (named rules, counted) -> drop exact
+    duplicates -> split (stratified, seeded) or take the given files -> check categories per split
+    -> leak check between splits (exact + near duplicates; fail | drop | warn) -> version
+    -> inspection (examples as the trainer sees them) -> smoke pass (one batch per split, forward + loss)
+
+Commits `phases/data/{train,eval,test}.jsonl` (canonical rows), `leaks.json`, `inspection.{json,md}`
+before its result, so every later phase, on any node, uses exactly these bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
-from collections import defaultdict
-from pathlib import Path
+from collections import Counter, defaultdict
 
-from entrypoint.context import PhaseContext, to_jsonl
+import torch
+from transformers import AutoTokenizer
 
-__all__ = ["DataError", "data_version", "run", "split_rows"]
+from entrypoint.cleaning import apply_rules, rule_ids
+from entrypoint.context import PhaseContext, dumps, to_jsonl
+from entrypoint.dataio import DataError, read_source, rows_from_jsonl
+from entrypoint.inspection import build_inspection, length_stats, to_markdown
+from entrypoint.leakcheck import LEAKCHECK_VERSION, find_leaks
+from entrypoint.model import build_model, resolve_model_dir
+from entrypoint.preprocess import (
+    PREPROCESS_VERSION,
+    collator,
+    encode_rows,
+    is_causal,
+    prepare_tokenizer,
+    tokenizer_sha256,
+)
 
+__all__ = ["SPLITS", "DataError", "data_version", "run", "split_rows"]
+
+SPLITS = ("train", "eval", "test")
 SPLIT_VERSION = "stratified-1"
-
-
-class DataError(ValueError):
-    """Input data that cannot be used; the message names the file, the line and the field."""
-
-
-def _read_source(ctx: PhaseContext) -> tuple[list[dict], bytes]:
-    data = ctx.spec.data
-    path = Path(data.source.removeprefix("file://"))
-    if data.source.startswith("s3://"):
-        raise DataError(f"data.source: {data.source}: s3:// data sources are not supported yet; copy it locally")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"data.source: file not found ({path}, resolved from {Path.cwd()})") from None
-    rows, errors = [], []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            errors.append(f"{path}:{number}: not valid JSON ({exc.msg})")
-            continue
-        text, label = (obj.get(data.text_field), obj.get(data.label_field)) if isinstance(obj, dict) else (0, 0)
-        if not isinstance(text, str) or not text.strip():
-            errors.append(f"{path}:{number}: field {data.text_field!r} (data.text_field): expected non-empty text")
-        elif not isinstance(label, str) or not label.strip():
-            errors.append(f"{path}:{number}: field {data.label_field!r} (data.label_field): expected a label")
-        else:
-            rows.append({"text": text.strip(), "label": label.strip()})
-    if errors:
-        shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise DataError("\n".join(shown))
-    return rows, raw
+# (side kept, side dropped from under `drop`, which policy applies): training data never wins over the
+# splits that measure it.
+LEAK_PAIRS = (("eval", "train", "eval"), ("test", "train", "test"), ("test", "eval", "test"))
 
 
 def split_rows(rows: list[dict], eval_share: float, test_share: float, seed: int) -> dict[str, list[dict]]:
     """Stratified split: each category is shuffled with `seed` and cut by the shares, so every split holds
     every category in about the same proportion. Deterministic for the same rows in any input order."""
     by_label: dict[str, list[dict]] = defaultdict(list)
-    for row in sorted(rows, key=lambda r: (r["label"], r["text"])):
+    for row in sorted(rows, key=lambda r: json.dumps(r, sort_keys=True)):
         by_label[row["label"]].append(row)
-    splits: dict[str, list[dict]] = {"train": [], "eval": [], "test": []}
+    splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for label in sorted(by_label):
         group = by_label[label]
         random.Random(f"{seed}:{label}").shuffle(group)
@@ -77,46 +68,186 @@ def split_rows(rows: list[dict], eval_share: float, test_share: float, seed: int
     return splits
 
 
-def data_version(splits: dict[str, list[dict]]) -> str:
-    """sha256 over the sorted hashes of each split's canonical rows and the split method.
-
-    The same examples in another order or file give the same version; one changed example changes it.
-    """
-    digest = hashlib.sha256(SPLIT_VERSION.encode())
+def data_version(splits: dict[str, list[dict]], recipe: dict) -> str:
+    """sha256 over the sorted hashes of each split's canonical rows and the `recipe` (rules, preprocessing
+    and split method versions, tokenizer hash). The same examples in another order or file give the same
+    version; one changed example or rule gives another."""
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     for name in sorted(splits):
         row_hashes = sorted(hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest() for r in splits[name])
         digest.update(f"\n{name}:{','.join(row_hashes)}".encode())
     return digest.hexdigest()
 
 
-def run(ctx: PhaseContext) -> dict:
-    rows, raw = _read_source(ctx)
-    seen: dict[str, str] = {}
+def _dedupe(rows: list[dict], key_fields: tuple[str, ...], where: str) -> tuple[list[dict], int]:
+    """Drop exact duplicate rows; the same input under two labels is an error (the data contradicts itself)."""
+    seen: dict[tuple, dict] = {}
     for row in rows:
-        if seen.setdefault(row["text"], row["label"]) != row["label"]:
+        key = tuple(row[f] for f in key_fields)
+        first = seen.setdefault(key, row)
+        if first["label"] != row["label"] and "response" not in row:
             raise DataError(
-                f"data.source: the text {row['text'][:60]!r} appears with labels {seen[row['text']]!r} and "
-                f"{row['label']!r}; fix the label"
+                f"{where}: the text {key[0][:60]!r} appears with labels {first['label']!r} and {row['label']!r}; "
+                "fix the label"
             )
-    unique = list({row["text"]: row for row in rows}.values())
-    policy = ctx.spec.data.split
-    splits = split_rows(unique, policy.eval, policy.test, policy.seed)
-    for name, split_rows_ in splits.items():
-        ctx.store.put_bytes(f"phases/data/{name}.jsonl", to_jsonl(split_rows_))
-    labels = sorted({row["label"] for row in unique})
-    counts = {
-        name: {label: sum(r["label"] == label for r in part) for label in labels} for name, part in splits.items()
+    return list(seen.values()), len(rows) - len(seen)
+
+
+def _check_categories(splits: dict[str, list[dict]], declared: list[str] | None) -> list[str]:
+    for name, rows in splits.items():
+        if not rows:
+            raise DataError(f"data: the {name} split is empty (after cleaning and leak handling)")
+    labels = declared or sorted({r["label"] for r in splits["train"]})
+    for name, rows in splits.items():
+        missing = sorted(set(labels) - {r["label"] for r in rows})
+        if missing:
+            raise DataError(f"data: categories {missing} are absent from the {name} split; every split needs each one")
+    return labels
+
+
+def _leak_text(row: dict) -> str:
+    return row["text"] if "text" in row else f"{row['prompt']}\n{row['response']}"
+
+
+def _handle_leaks(ctx: PhaseContext, splits: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict]:
+    policy = ctx.spec.data.leaks
+    texts = {name: [_leak_text(r) for r in rows] for name, rows in splits.items()}
+    pairs = [(dropped, kept) for kept, dropped, _ in LEAK_PAIRS]
+    found = find_leaks(texts, pairs, threshold=policy.near_threshold)
+    action_for = {(dropped, kept): getattr(policy, which) for kept, dropped, which in LEAK_PAIRS}
+    records, failing, doomed = [], [], defaultdict(set)
+    for leak in found:
+        action = action_for[(leak.a_split, leak.b_split)]
+        record = {
+            "kind": leak.kind,
+            "similarity": round(leak.similarity, 4),
+            "action": action,
+            leak.a_split: texts[leak.a_split][leak.a_index],
+            leak.b_split: texts[leak.b_split][leak.b_index],
+            "pair": f"{leak.a_split}-{leak.b_split}",
+        }
+        records.append(record)
+        if action == "fail":
+            failing.append(record)
+        elif action == "drop":
+            doomed[leak.a_split].add(leak.a_index)
+        else:
+            ctx.log(f"data: warning: {leak.kind} duplicate {leak.a_split}/{leak.b_split} ({leak.similarity:.2f})")
+    summary = {
+        "method": LEAKCHECK_VERSION,
+        "near_threshold": policy.near_threshold,
+        "policy": {"eval": policy.eval, "test": policy.test},
+        "pairs": records,
+        "counts": dict(Counter(f"{r['pair']}:{r['kind']}" for r in records)),
+        "dropped": {name: len(indices) for name, indices in doomed.items()},
     }
-    ctx.log(f"data: {len(rows)} rows, {len(rows) - len(unique)} exact duplicates dropped, {len(labels)} categories")
-    for name, part in splits.items():
-        ctx.log(f"data:   {name:<5} {len(part):>5} examples")
+    ctx.write_json("phases/data/leaks.json", summary)
+    if failing:
+        lines = [
+            f"  {r['pair']} {r['kind']} (similarity {r['similarity']:.2f}): "
+            f"{r[r['pair'].split('-')[0]][:70]!r} ~ {r[r['pair'].split('-')[1]][:70]!r}"
+            for r in failing[:20]
+        ]
+        more = f"\n  ... and {len(failing) - 20} more (all in phases/data/leaks.json)" if len(failing) > 20 else ""
+        raise DataError(
+            f"data.leaks: {len(failing)} duplicate(s) between splits under policy 'fail':\n"
+            + "\n".join(lines)
+            + more
+            + "\nremove them from the data, or set data.leaks.test/eval to 'drop' to remove them from the "
+            "training side"
+        )
+    for name, indices in doomed.items():
+        splits[name] = [row for i, row in enumerate(splits[name]) if i not in indices]
+        ctx.log(f"data: dropped {len(indices)} leaking example(s) from {name}")
+    return splits, summary
+
+
+def _smoke_pass(ctx, folder, tokenizer, encoded: dict, labels: list[str], causal: bool) -> dict:
+    """One batch per split through the real collator, forward and loss: wiring errors show now, not after
+    hours of training. Says nothing about quality."""
+    model = build_model(folder, causal, labels, ctx.spec.adaptation).to(ctx.device)
+    collate = collator(tokenizer, causal)
+    batch_size = min(ctx.spec.training.microbatch, 8)
+    results = {}
+    model.eval()
+    with torch.no_grad():
+        for name, items in encoded.items():
+            batch = collate([e.features for e in items[:batch_size]])
+            loss = model(**{k: v.to(ctx.device) for k, v in batch.items()}).loss.item()
+            if not math.isfinite(loss):
+                raise DataError(f"data: smoke pass on the {name} split gave a non-finite loss ({loss})")
+            results[name] = {"batch": len(items[:batch_size]), "loss": loss}
     return {
-        "source": ctx.spec.data.source,
-        "source_sha256": hashlib.sha256(raw).hexdigest(),
-        "rows_read": len(rows),
-        "exact_duplicates_dropped": len(rows) - len(unique),
+        "note": "One batch per split through the collator, forward and loss. This checks wiring only; it says "
+        "nothing about quality.",
+        "splits": results,
+    }
+
+
+def run(ctx: PhaseContext) -> dict:
+    spec, data = ctx.spec, ctx.spec.data
+    causal = is_causal(spec)
+    key_fields = ("prompt", "response") if causal else ("text",)
+    sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
+    parts, read, touched, duplicates, source_hashes = {}, {}, Counter(), 0, {}
+    for name, location in sources.items():
+        field = "data.source" if name == "all" else f"data.files.{name}"
+        raw = read_source(location, spec.store, field)
+        source_hashes[location] = hashlib.sha256(raw.data).hexdigest()
+        rows = rows_from_jsonl(raw, data, causal)
+        read[name] = len(rows)
+        rows, counts = apply_rules(rows, key_fields, data.clean)
+        touched.update(counts)
+        rows, dropped = _dedupe(rows, key_fields, field)
+        duplicates += dropped
+        parts[name] = rows
+    if data.source:
+        splits = split_rows(parts["all"], data.split.eval, data.split.test, data.split.seed)
+    else:
+        splits = parts
+    _check_categories(splits, data.labels)
+    splits, leaks = _handle_leaks(ctx, splits)
+    labels = _check_categories(splits, data.labels)
+
+    folder = resolve_model_dir(spec.model)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    recipe = {
+        "split": SPLIT_VERSION if data.source else "given",
+        "rules": rule_ids(data.clean),
+        "preprocess": PREPROCESS_VERSION,
+        "tokenizer_sha256": tokenizer_sha256(folder),
+        "task": "causal_lm" if causal else "classification",
+        **({"template": data.template} if causal else {}),
+    }
+    version = data_version(splits, recipe)
+    for name, rows in splits.items():
+        ctx.store.put_bytes(f"phases/data/{name}.jsonl", to_jsonl(rows))
+
+    encoded = {name: encode_rows(tokenizer, rows, spec, labels) for name, rows in splits.items()}
+    stats = {name: length_stats(items, spec.model.max_length) for name, items in encoded.items()}
+    records = build_inspection(
+        tokenizer, splits["train"], encoded["train"], data.inspect_per_category, causal, spec.model.max_length, labels
+    )
+    smoke = _smoke_pass(ctx, folder, tokenizer, encoded, labels, causal)
+    ctx.store.put_bytes("phases/data/inspection.json", dumps({"examples": records, "lengths": stats, "smoke": smoke}))
+    ctx.store.put_bytes("phases/data/inspection.md", to_markdown(records, stats, causal, smoke).encode())
+
+    counts = {name: dict(sorted(Counter(r["label"] for r in rows).items())) for name, rows in splits.items()}
+    ctx.log(f"data: {sum(read.values())} rows read, {duplicates} exact duplicates dropped, {len(labels)} categories")
+    for name, rows in splits.items():
+        ctx.log(f"data:   {name:<5} {len(rows):>6} examples, {stats[name]['truncated']} truncated")
+    ctx.log(f"data: version {version[:16]}; inspection at {ctx.store.uri}/phases/data/inspection.md")
+    return {
+        "sources": source_hashes,
+        "rows_read": read,
+        "cleaning": dict(touched),
+        "exact_duplicates_dropped": duplicates,
         "labels": labels,
         "counts": counts,
-        "split": {"method": SPLIT_VERSION, "eval": policy.eval, "test": policy.test, "seed": policy.seed},
-        "data_version": data_version(splits),
+        "split": {"method": recipe["split"], "eval": data.split.eval, "test": data.split.test, "seed": data.split.seed},
+        "leaks": {"counts": leaks["counts"], "dropped": leaks["dropped"], "method": leaks["method"]},
+        "lengths": stats,
+        "smoke": smoke["splits"],
+        "recipe": recipe,
+        "data_version": version,
     }

@@ -14,10 +14,11 @@ import shutil
 from transformers import AutoTokenizer, set_seed
 
 from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
-from entrypoint.classify import encode, predict_labels
+from entrypoint.classify import predict_labels
 from entrypoint.context import PhaseContext, to_jsonl
 from entrypoint.envinfo import environment
-from entrypoint.model import build_classifier, hash_base_model, resolve_model_dir
+from entrypoint.model import build_model, hash_base_model, resolve_model_dir
+from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
 from entrypoint.store import put_tree
 from entrypoint.trainer import Interrupted, ProgressCallback, StoreCheckpointCallback, build_trainer, graceful_sigterm
 
@@ -42,9 +43,10 @@ def run(ctx: PhaseContext) -> dict:
     set_seed(spec.training.seed)
     folder = resolve_model_dir(spec.model)
     labels = ctx.labels
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = build_classifier(folder, labels, spec.adaptation)
-    features = encode(tokenizer, ctx.read_split("train"), labels, spec.model.max_length)
+    causal = is_causal(spec)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    model = build_model(folder, causal, labels, spec.adaptation)
+    features = [e.features for e in encode_rows(tokenizer, ctx.read_split("train"), spec, labels)]
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     ctx.log(
@@ -68,7 +70,7 @@ def run(ctx: PhaseContext) -> dict:
         saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
         trainer = build_trainer(
             model,
-            tokenizer,
+            collator(tokenizer, causal),
             features,
             spec.training,
             out / "trainer",

@@ -17,14 +17,19 @@ def test_split_is_stratified_and_disjoint():
     assert sorted(texts) == sorted(r["text"] for r in ROWS)
 
 
-def test_version_ignores_input_order_and_changes_with_content_or_seed():
+RECIPE = {"rules": ["normalize_ws@1"], "tokenizer_sha256": "t" * 64}
+
+
+def test_version_ignores_input_order_and_changes_with_content_seed_or_recipe():
     shuffled = ROWS[:]
     random.Random(5).shuffle(shuffled)
-    assert data_version(split_rows(ROWS, 0.2, 0.2, 1)) == data_version(split_rows(shuffled, 0.2, 0.2, 1))
+    base = data_version(split_rows(ROWS, 0.2, 0.2, 1), RECIPE)
+    assert data_version(split_rows(shuffled, 0.2, 0.2, 1), RECIPE) == base
     edited = [dict(r) for r in ROWS]
     edited[7]["text"] += "!"
-    assert data_version(split_rows(edited, 0.2, 0.2, 1)) != data_version(split_rows(ROWS, 0.2, 0.2, 1))
-    assert data_version(split_rows(ROWS, 0.2, 0.2, 2)) != data_version(split_rows(ROWS, 0.2, 0.2, 1))
+    assert data_version(split_rows(edited, 0.2, 0.2, 1), RECIPE) != base
+    assert data_version(split_rows(ROWS, 0.2, 0.2, 2), RECIPE) != base
+    assert data_version(split_rows(ROWS, 0.2, 0.2, 1), {**RECIPE, "rules": ["normalize_ws@2"]}) != base
 
 
 def test_tiny_category_is_refused():
