@@ -60,7 +60,7 @@ def schema() -> None:
 )
 @click.option(
     "--until",
-    type=click.Choice(["data", "baseline", "train", "evaluate", "export"]),
+    type=click.Choice(["data", "baseline", "probe", "train", "evaluate", "export"]),
     help="Stop after this phase (e.g. `--until data` checks and inspects the data only).",
 )
 def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
-from entrypoint.phases import baseline, data, evaluate, export, train
+from entrypoint.phases import baseline, data, evaluate, export, probe, train
 from entrypoint.preprocess import is_causal
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
 from entrypoint.trainer import Interrupted
@@ -34,6 +34,7 @@ __all__ = ["PHASES", "JobConflict", "Unsupported", "attempt_number", "job_store"
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
     ("baseline", baseline.run),
+    ("probe", probe.run),
     ("train", train.run),
     ("evaluate", evaluate.run),
     ("export", export.run),

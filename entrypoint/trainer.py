@@ -23,11 +23,14 @@ from pathlib import Path
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from entrypoint.checkpoint import commit_checkpoint, rotate
+from entrypoint.memory import PeakMemory
+from entrypoint.paramcheck import ParameterCheck
 from entrypoint.store import Store
 from jobspec.schema import CheckpointPolicy, Training
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "FirstStepsCallback",
     "Interrupted",
     "ProgressCallback",
     "StoreCheckpointCallback",
@@ -153,6 +156,36 @@ class StoreCheckpointCallback(TrainerCallback):
         rotate(self.store, self.prefix, self.policy.keep, self.log)
 
 
+class FirstStepsCallback(TrainerCallback):
+    """Over the first `steps` optimizer steps of this process: the parameter check after each update (a
+    violation stops training) and the peak memory, to compare with the probe's prediction."""
+
+    def __init__(self, method: str, device, steps: int = 10):
+        self.method, self.device, self.steps = method, device, steps
+        self.check: ParameterCheck | None = None
+        self.peak: PeakMemory | None = None
+        self.seen = 0
+        self.peak_bytes: int | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.check = ParameterCheck(model, self.method)
+        self.peak = PeakMemory(self.device).__enter__()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.seen += 1
+        self.check.after_update(model, self.seen)
+        if self.seen == self.steps:
+            self._stop_measuring()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._stop_measuring()
+
+    def _stop_measuring(self) -> None:
+        if self.peak is not None and self.peak_bytes is None:
+            self.peak.__exit__(None, None, None)
+            self.peak_bytes = self.peak.peak
+
+
 def build_trainer(
     model,
     data_collator,
@@ -161,6 +194,7 @@ def build_trainer(
     output_dir: Path,
     use_cpu: bool,
     callbacks: list[TrainerCallback],
+    token_normalized_loss: bool,
 ) -> Trainer:
     """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody."""
     steps = planned_steps(training, len(train_features))
@@ -171,12 +205,16 @@ def build_trainer(
         gradient_accumulation_steps=training.grad_accum,
         max_steps=steps,
         learning_rate=training.learning_rate,
+        optim=training.optimizer,
+        max_grad_norm=training.max_grad_norm,
         weight_decay=training.weight_decay,
         warmup_steps=int(training.warmup_ratio * steps),
         lr_scheduler_type="linear",
         seed=training.seed,
         data_seed=training.seed,
         full_determinism=training.deterministic,
+        activation_checkpointing=training.activation_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if training.activation_checkpointing else None,
         bf16=training.precision == "bf16",
         fp16=training.precision == "fp16",
         use_cpu=use_cpu,
@@ -200,4 +238,10 @@ def build_trainer(
         callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)  # ProgressCallback prints one readable line per log instead
+    # Gradient accumulation must average, not sum. The Trainer divides each microbatch loss by the number of
+    # accumulated steps unless it believes the model normalises by `num_items_in_batch` itself. Causal LM
+    # losses do (per token across the whole accumulated batch); a sequence classifier's loss ignores it but
+    # its forward takes **kwargs, which the Trainer mistakes for support, and the gradient came out summed
+    # (tests/integration/test_probe_and_params.py measures it).
+    trainer.model_accepts_loss_kwargs = token_normalized_loss
     return trainer

@@ -212,12 +212,19 @@ class Training(_Section):
     learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
     microbatch: int = Field(16, gt=0, le=4096, description="Examples per device per forward pass.")
     grad_accum: int = Field(1, gt=0, le=1024)
+    optimizer: Literal["adamw_torch", "sgd", "adafactor"] = Field(
+        "adamw_torch", description="As the HF Trainer names it."
+    )
+    max_grad_norm: float = Field(1.0, ge=0.0, le=1e6, description="Gradient clipping; 0 disables it.")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     eval_batch: int = Field(64, gt=0, le=4096)
     log_every_steps: int | None = Field(None, gt=0, le=1_000_000, description="Default: about 20 lines a run.")
     deterministic: bool = Field(False, description="Deterministic algorithms: bit-exact resume, slower on GPU.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, about a third more time."
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)

@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
-def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
+def build_tiny_bert(folder: Path, seed: int = 0, dropout: float = 0.1) -> Path:
     """A 2-layer, 32-wide BERT with MiniLM's real tokenizer, saved as safetensors in `folder`."""
     torch.manual_seed(seed)
     config = BertConfig(
@@ -22,6 +22,8 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=128,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     BertModel(config).save_pretrained(folder, safe_serialization=True)
     for name in TOKENIZER_FILES:

@@ -20,7 +20,14 @@ from entrypoint.envinfo import environment
 from entrypoint.model import build_model, hash_base_model, resolve_model_dir
 from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
 from entrypoint.store import put_tree
-from entrypoint.trainer import Interrupted, ProgressCallback, StoreCheckpointCallback, build_trainer, graceful_sigterm
+from entrypoint.trainer import (
+    FirstStepsCallback,
+    Interrupted,
+    ProgressCallback,
+    StoreCheckpointCallback,
+    build_trainer,
+    graceful_sigterm,
+)
 
 __all__ = ["TRIAL_ID", "run"]
 
@@ -68,6 +75,7 @@ def run(ctx: PhaseContext) -> dict:
 
     with graceful_sigterm(spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
         saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
+        first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         trainer = build_trainer(
             model,
             collator(tokenizer, causal),
@@ -75,7 +83,8 @@ def run(ctx: PhaseContext) -> dict:
             spec.training,
             out / "trainer",
             ctx.device.type == "cpu",
-            [ProgressCallback(ctx.log), saver],
+            [ProgressCallback(ctx.log), saver, first_steps],
+            token_normalized_loss=causal,
         )
         outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
         if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
@@ -102,8 +111,15 @@ def run(ctx: PhaseContext) -> dict:
     ctx.store.put_bytes(
         f"trials/{TRIAL_ID}/eval_predictions_at_end.jsonl", to_jsonl({"predicted": p} for p in predicted)
     )
+    predicted = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
     return {
         "trial_id": TRIAL_ID,
+        "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()},
+        "memory": {
+            "first_steps_peak_bytes": first_steps.peak_bytes,
+            "probe_predicted_peak_bytes": predicted,
+            "actual_over_predicted": first_steps.peak_bytes / predicted if first_steps.peak_bytes else None,
+        },
         "steps": trainer.state.global_step,
         "resumed_from_step": resume.step if resume else None,
         "train_loss": outcome.training_loss,

@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
-PHASES = ["data", "baseline", "train", "evaluate", "export"]
+PHASES = ["data", "baseline", "probe", "train", "evaluate", "export"]
 
 
 def _spec(tmp_path: Path, **training) -> Path:
@@ -68,6 +68,14 @@ def test_every_phase_committed_its_result_last(finished_job):
     for phase in PHASES:
         assert json.loads((job / f"phases/{phase}/result.json").read_text())["seconds"] >= 0
     assert json.loads((job / "attempts/1/ended.json").read_text())["outcome"] == "completed"
+
+
+def test_probe_prediction_and_parameter_check_on_the_real_model(finished_job):
+    _, _, _, job = finished_job
+    train = json.loads((job / "phases/train/result.json").read_text())
+    assert train["parameter_check"]["passed"] and train["parameter_check"]["declared_trainable"] > 0
+    ratio = train["memory"]["actual_over_predicted"]
+    assert 0.75 <= ratio <= 1.25, train["memory"]  # the probe's peak within 25% of the first 10 real steps
 
 
 def test_export_reloads_with_plain_peft_and_predicts_as_at_end_of_training(finished_job):

@@ -1,0 +1,76 @@
+"""The parameters that train are exactly the ones declared: checked on the real model, after a real update.
+
+Declared trainable: for LoRA, the adapter matrices (`lora_`) and the copies peft makes of
+`modules_to_save` (and of a new classification head); for full fine-tuning, every parameter. After the
+first optimizer steps every declared parameter must have changed and every other one must be
+bit-identical. LoRA's B matrices start at zero, so the A matrices get no gradient in the first step:
+a declared parameter may take up to `GRACE_STEPS` updates to move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+__all__ = ["GRACE_STEPS", "ParameterCheck", "ParameterCheckError", "declared_trainable"]
+
+GRACE_STEPS = 2
+
+
+class ParameterCheckError(RuntimeError):
+    """Parameters changed that should be frozen, or declared trainable ones never changed."""
+
+
+def declared_trainable(name: str, method: str) -> bool:
+    if method == "full":
+        return True
+    return "lora_" in name or ".modules_to_save." in name
+
+
+def _fingerprint(tensor: torch.Tensor) -> str:
+    data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+class ParameterCheck:
+    """`ParameterCheck(model, method)` fingerprints every parameter; call `after_update(model, step)` after
+    each of the first optimizer steps. Raises ParameterCheckError on a violation; `done` once all passed."""
+
+    def __init__(self, model: torch.nn.Module, method: str):
+        self.method = method
+        self.before = {name: _fingerprint(p) for name, p in model.named_parameters()}
+        declared = {name for name in self.before if declared_trainable(name, method)}
+        if not declared:
+            raise ParameterCheckError("no parameter is declared trainable; check adaptation.target_modules")
+        self.pending = set(declared)  # declared, not yet seen to change
+        self.declared = declared
+        self.done = False
+        wrong = sorted(n for n, p in model.named_parameters() if p.requires_grad != (n in declared))
+        if wrong:
+            raise ParameterCheckError(
+                f"requires_grad disagrees with the declared adaptation for {len(wrong)} parameter(s): {wrong[:5]}"
+            )
+
+    def after_update(self, model: torch.nn.Module, step: int) -> None:
+        if self.done:
+            return
+        now = {name: p for name, p in model.named_parameters()}
+        moved_frozen = sorted(
+            n for n in self.before if n not in self.declared and _fingerprint(now[n]) != self.before[n]
+        )
+        if moved_frozen:
+            raise ParameterCheckError(
+                f"step {step}: {len(moved_frozen)} parameter(s) that should be frozen changed: {moved_frozen[:5]}"
+            )
+        self.pending = {n for n in self.pending if _fingerprint(now[n]) == self.before[n]}
+        if not self.pending:
+            self.done = True
+        elif step >= GRACE_STEPS:
+            raise ParameterCheckError(
+                f"step {step}: {len(self.pending)} declared trainable parameter(s) never changed: "
+                f"{sorted(self.pending)[:5]}"
+            )
+
+    def summary(self) -> dict:
+        return {"declared_trainable": len(self.declared), "frozen": len(self.before) - len(self.declared)}

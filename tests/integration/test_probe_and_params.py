@@ -1,0 +1,175 @@
+"""The probe's four measured variants, the parameter check against planted bugs, and gradient accumulation
+through the real HF Trainer as rentune configures it: N microbatches equal one batch N times the size."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from entrypoint.context import PhaseContext
+from entrypoint.memory import OutOfMemory
+from entrypoint.model import ModelError, build_model
+from entrypoint.paramcheck import ParameterCheck, ParameterCheckError
+from entrypoint.phases import data as data_phase
+from entrypoint.phases import probe as probe_phase
+from entrypoint.preprocess import collator, encode_rows
+from entrypoint.store import FileStore, PrefixedStore
+from entrypoint.trainer import build_trainer
+from jobspec import parse_spec
+from jobspec.schema import Adaptation
+from tests.models import build_tiny_bert, build_tiny_causal_lm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("bert") / "m", dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("llama") / "m")
+
+
+def _ctx(tmp_path: Path, spec: dict) -> PhaseContext:
+    loaded = parse_spec(yaml.safe_dump(spec), source="spec.yaml")
+    store = PrefixedStore(FileStore(tmp_path / "store"), "jobs/p")
+    return PhaseContext(loaded.spec, loaded.sha256, store, tmp_path / "work", lambda m: None)
+
+
+def _classification_spec(model: Path, **training) -> dict:
+    return {
+        "job": {"id": "p"},
+        "hypothesis": {"task": "classification", "statement": "probe"},
+        "model": {"path": str(model), "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "adaptation": {"method": "lora", "rank": 4, "dropout": 0.0},
+        "training": {"microbatch": 4, "grad_accum": 2, "device": "cpu", "seed": 3, **training},
+    }
+
+
+def test_probe_records_four_variants_and_verifies_them(tmp_path, bert):
+    ctx = _ctx(tmp_path, _classification_spec(bert))
+    ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
+    result = probe_phase.run(ctx)
+    variants = result["variants"]
+    assert set(variants) == {"plain", "checkpointing", "accumulation", "combined"}
+    for name, variant in variants.items():
+        assert variant["seconds"] > 0 and variant["peak_bytes"] >= variant["start_bytes"] > 0, name
+    assert variants["accumulation"]["accumulated"] == 2 and variants["combined"]["checkpointing"]
+    checks = result["gradient_checks"]["max_relative_difference"]
+    assert set(checks) == {"checkpointing_vs_plain", "accumulation_vs_one_batch", "combined_vs_accumulation"}
+    assert all(diff <= probe_phase.GRAD_RTOL for diff in checks.values())
+    assert variants["plain"]["parameter_check"]["passed"]
+    estimate = result["estimate_bytes"]
+    assert estimate["gradients"] > 0 and estimate["optimizer"] == 2 * estimate["gradients"]  # fp32 AdamW
+    assert result["predicted_peak_bytes"] == variants["plain"]["peak_bytes"]
+
+
+def test_probe_that_does_not_fit_says_what_would(tmp_path, bert, monkeypatch):
+    ctx = _ctx(tmp_path, _classification_spec(bert))
+    ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
+    real_step = probe_phase._step
+
+    def step_that_fits_only_with_checkpointing(model, micro, causal, checkpointing, optimizer, device):
+        if not checkpointing:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(model, micro, causal, checkpointing, optimizer, device)
+
+    monkeypatch.setattr(probe_phase, "_step", step_that_fits_only_with_checkpointing)
+    with pytest.raises(OutOfMemory) as caught:
+        probe_phase.run(ctx)
+    assert caught.value.advice == ["set training.activation_checkpointing: true"]
+    assert "does not fit" in str(caught.value)
+
+
+def test_parameter_check_catches_a_frozen_layer_made_trainable(bert):
+    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    model.base_model.model.bert.embeddings.word_embeddings.weight.requires_grad_(True)
+    with pytest.raises(ParameterCheckError, match="requires_grad disagrees .*word_embeddings"):
+        ParameterCheck(model, "lora")
+
+
+def test_parameter_check_catches_a_frozen_weight_changed_by_a_step(bert):
+    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    check = ParameterCheck(model, "lora")
+    with torch.no_grad():  # a bug that writes into a frozen tensor (e.g. a shared buffer) during a step
+        model.base_model.model.bert.encoder.layer[0].output.dense.weight[0, 0] += 1e-3
+    with pytest.raises(ParameterCheckError, match="should be frozen changed: .*layer.0.output.dense.weight"):
+        check.after_update(model, 1)
+
+
+def test_parameter_check_catches_a_declared_parameter_that_never_trains(bert):
+    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    check = ParameterCheck(model, "lora")
+    check.after_update(model, 1)  # within the grace: LoRA A matrices may not move at step 1
+    with pytest.raises(ParameterCheckError, match="never changed"):
+        check.after_update(model, 2)
+
+
+def test_lora_target_that_matches_nothing_is_an_error(bert):
+    with pytest.raises(ModelError, match=r"\['attn_q'\] match no module"):
+        build_model(bert, False, ["a", "b"], Adaptation(target_modules=["query", "attn_q"]))
+
+
+def _one_sgd_step(tmp_path: Path, spec: dict, rows: list[dict], labels: list[str], causal: bool) -> dict:
+    ctx = _ctx(tmp_path, spec)
+    folder = Path(spec["model"]["path"])
+    from transformers import AutoTokenizer
+
+    from entrypoint.preprocess import prepare_tokenizer
+
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    torch.manual_seed(0)
+    model = build_model(folder, causal, labels, ctx.spec.adaptation)
+    features = [e.features for e in encode_rows(tokenizer, rows, ctx.spec, labels)]
+    trainer = build_trainer(
+        model, collator(tokenizer, causal), features, ctx.spec.training, tmp_path / "out", True, [], causal
+    )
+    trainer.train()
+    model.save_pretrained(tmp_path / "saved")
+    return load_file(tmp_path / "saved" / "adapter_model.safetensors")
+
+
+@pytest.mark.parametrize("task", ["classification", "causal"])
+def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama, task):
+    """One SGD step (so the update is proportional to the gradient, unlike Adam's first step) with 4
+    microbatches of 2 accumulated, against one batch of 8. Causal rows have very different response
+    lengths: a per-microbatch mean would weight their tokens differently and fail this test."""
+    rng = random.Random(0)
+    if task == "classification":
+        rows = [
+            dict(text=r["text"], label=r["label"]) for r in map(json.loads, open(ROOT / "examples/data/tickets.jsonl"))
+        ]
+        rows, labels, model, causal = rows[:64], sorted({r["label"] for r in rows}), bert, False
+    else:
+        rows = [
+            {
+                "prompt": f"item {i}",
+                "response": " ".join(rng.choice(["a", "b", "c"]) for _ in range(rng.randint(1, 20))),
+            }
+            for i in range(64)
+        ]
+        rows, labels, model, causal = [{**r, "label": "all"} for r in rows], ["all"], llama, True
+    spec = _classification_spec(model)
+    spec["hypothesis"]["task"] = "classification" if task == "classification" else "format"
+    spec["adaptation"]["target_modules"] = ["query", "value"] if task == "classification" else ["q_proj", "v_proj"]
+    # No clipping: clipping both updates to the same norm would hide a gradient scaled by the accumulation.
+    common = {"max_steps": 1, "optimizer": "sgd", "learning_rate": 0.5, "seed": 11, "max_grad_norm": 0}
+    spec["training"].update(common, microbatch=2, grad_accum=4)
+    accumulated = _one_sgd_step(tmp_path / "acc", spec, rows, labels, causal)
+    spec["training"].update(common, microbatch=8, grad_accum=1)
+    whole = _one_sgd_step(tmp_path / "whole", spec, rows, labels, causal)
+    assert accumulated.keys() == whole.keys()
+    moved = 0
+    for name in whole:
+        torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-7)
+        moved += int((whole[name] != 0).any())
+    assert moved > 0
