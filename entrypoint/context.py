@@ -36,6 +36,7 @@ class PhaseContext:
     store: Store  # confined to jobs/<job_id>/
     workdir: Path  # local scratch for this process; may be empty on a fresh node
     log: Callable[[str], None]
+    store_args: tuple[str, ...] = ()  # how a torchrun worker reopens this job's store (see train_worker)
 
     def read_json(self, key: str) -> Any:
         return json.loads(self.store.get_bytes(key))

@@ -123,7 +123,22 @@ def run_job(
         if aborted:
             log(f"store: aborted {aborted} multipart upload(s) left by an interrupted process")
     store.put_bytes(f"attempts/{attempt}/env.json", dumps(environment()))
-    ctx = PhaseContext(spec=spec, spec_sha256=loaded.sha256, store=store, workdir=workdir / spec.job.id, log=log)
+    options = spec.store
+    store_args = ["--store", root.uri, "--job", spec.job.id]
+    for flag, value in (
+        ("--endpoint-url", options.endpoint_url),
+        ("--region", options.region),
+        ("--addressing-style", options.addressing_style),
+    ):
+        store_args += [flag, value] if value else []
+    ctx = PhaseContext(
+        spec=spec,
+        spec_sha256=loaded.sha256,
+        store=store,
+        workdir=(workdir / spec.job.id).resolve(),
+        log=log,
+        store_args=tuple(store_args),
+    )
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()

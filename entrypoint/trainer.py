@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from entrypoint.checkpoint import commit_checkpoint, rotate
@@ -138,6 +139,8 @@ class StoreCheckpointCallback(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank has written its files (e.g. rng_state_<rank>.pth)
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -195,6 +198,7 @@ def build_trainer(
     use_cpu: bool,
     callbacks: list[TrainerCallback],
     token_normalized_loss: bool,
+    deepspeed: dict | None = None,
 ) -> Trainer:
     """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody."""
     steps = planned_steps(training, len(train_features))
@@ -229,6 +233,8 @@ def build_trainer(
         disable_tqdm=True,
         label_names=["labels"],
         dataloader_num_workers=0,
+        deepspeed=deepspeed,
+        ddp_find_unused_parameters=False,  # LoRA leaves frozen parameters without gradients by design
     )
     trainer = Trainer(
         model=model,

@@ -16,6 +16,7 @@ __all__ = [
     "Adaptation",
     "CheckpointPolicy",
     "Data",
+    "Distribution",
     "Hypothesis",
     "Job",
     "JobSpec",
@@ -230,6 +231,27 @@ class Training(_Section):
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
 
+class Distribution(_Section):
+    strategy: Literal["none", "ddp", "deepspeed"] = Field(
+        "none", description="none: one process; ddp: torch DistributedDataParallel; deepspeed: ZeRO."
+    )
+    nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per node (one per GPU); launched by torchrun.")
+    nnodes: int = Field(1, ge=1, le=1024)
+    rdzv_endpoint: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+:\d{1,5}$",
+        description="host:port of the rendezvous for multi-node runs (default: MASTER_ADDR:MASTER_PORT).",
+    )
+    zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
+    offload: bool = Field(False, description="DeepSpeed: offload optimizer state (and stage 3 parameters) to CPU.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Distribution:
+        if self.strategy == "none" and (self.nproc_per_node > 1 or self.nnodes > 1):
+            raise ValueError("expected distribution.strategy ddp or deepspeed when more than one process is used")
+        return self
+
+
 class Rental(_Section):
     window: Literal["3d", "7d", "30d"] = Field("3d", description="Length of the node lease.")
     margin: Duration = Field("2h", description="Time kept free for recovery before the lease ends.")
@@ -255,5 +277,6 @@ class JobSpec(_Section):
     data: Data
     adaptation: Adaptation = Field(default_factory=Adaptation)
     training: Training = Field(default_factory=Training)
+    distribution: Distribution = Field(default_factory=Distribution)
     rental: Rental = Field(default_factory=Rental)
     store: Store = Field(default_factory=Store)

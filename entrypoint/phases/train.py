@@ -16,11 +16,13 @@ from transformers import AutoTokenizer, set_seed
 from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
 from entrypoint.classify import predict_labels
 from entrypoint.context import PhaseContext, to_jsonl
+from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
 from entrypoint.envinfo import environment
-from entrypoint.model import build_model, hash_base_model, resolve_model_dir
+from entrypoint.model import build_model, hash_base_model, load_trained, resolve_model_dir
 from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
 from entrypoint.store import put_tree
 from entrypoint.trainer import (
+    EXIT_INTERRUPTED,
     FirstStepsCallback,
     Interrupted,
     ProgressCallback,
@@ -29,9 +31,10 @@ from entrypoint.trainer import (
     graceful_sigterm,
 )
 
-__all__ = ["TRIAL_ID", "run"]
+__all__ = ["TRIAL_ID", "WORKER_RESULT", "run"]
 
 TRIAL_ID = "main"  # one trial until the spec grows `experiments:`
+WORKER_RESULT = f"trials/{TRIAL_ID}/train_result.json"  # written by torchrun's rank 0 for the launcher
 
 
 def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
@@ -45,8 +48,26 @@ def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
     }
 
 
+def _launch(ctx: PhaseContext) -> dict:
+    """Run this phase in `nproc_per_node` torchrun workers and return rank 0's result."""
+    distribution = ctx.spec.distribution
+    ctx.store.delete(WORKER_RESULT)
+    shutil.rmtree(ctx.workdir / "workers", ignore_errors=True)
+    command = torchrun_command(distribution, [*ctx.store_args, "--workdir", str(ctx.workdir / "workers")])
+    ctx.log(f"train: launching {distribution.nproc_per_node} x {distribution.nnodes} processes with torchrun")
+    code, terminated = run_torchrun(command, ctx.log)
+    if terminated or code == EXIT_INTERRUPTED:
+        raise Interrupted(f"train: torchrun workers stopped on SIGTERM (exit {code}); resume continues from the store")
+    if code != 0:
+        raise RuntimeError(f"train: torchrun exited with code {code}; the workers' output above says why")
+    result = ctx.read_json(WORKER_RESULT)
+    return {**result, "launcher": "torchrun", "processes": distribution.nproc_per_node * distribution.nnodes}
+
+
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
+    if needs_launch(spec.distribution):
+        return _launch(ctx)
     set_seed(spec.training.seed)
     folder = resolve_model_dir(spec.model)
     labels = ctx.labels
@@ -62,9 +83,12 @@ def run(ctx: PhaseContext) -> dict:
 
     meta = _checkpoint_meta(ctx, hash_base_model(folder).sha256)
     prefix = checkpoint_prefix(TRIAL_ID)
-    out = ctx.workdir / "trials" / TRIAL_ID
-    shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
-    resume = find_latest(ctx.store, prefix, out / "resume", ctx.log)
+    out = ctx.workdir / "trials" / TRIAL_ID  # shared by the ranks of one node under torchrun
+    if not is_worker():
+        shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
+    resume_dir = out / f"resume-rank{rank()}"
+    shutil.rmtree(resume_dir, ignore_errors=True)
+    resume = find_latest(ctx.store, prefix, resume_dir, ctx.log)
     if resume is not None:
         for field in ("spec_sha256", "data_version", "base_model_sha256"):
             if resume.manifest.get(field) != meta[field]:
@@ -85,6 +109,9 @@ def run(ctx: PhaseContext) -> dict:
             ctx.device.type == "cpu",
             [ProgressCallback(ctx.log), saver, first_steps],
             token_normalized_loss=causal,
+            deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
+            if spec.distribution.strategy == "deepspeed"
+            else None,
         )
         outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
         if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
@@ -94,13 +121,17 @@ def run(ctx: PhaseContext) -> dict:
             )
 
     final = out / "final"
-    trainer.model.save_pretrained(final)
+    trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
+    if not trainer.is_world_process_zero():
+        return {}
     tokenizer.save_pretrained(final)
     keys = put_tree(ctx.store, f"trials/{TRIAL_ID}/final", final)
 
+    # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
+    model = trainer.model if not is_worker() else load_trained(folder, final, labels, spec.adaptation.method)
     eval_rows = ctx.read_split("eval")
     predicted = predict_labels(
-        trainer.model,
+        model,
         tokenizer,
         [r["text"] for r in eval_rows],
         labels,
@@ -111,14 +142,15 @@ def run(ctx: PhaseContext) -> dict:
     ctx.store.put_bytes(
         f"trials/{TRIAL_ID}/eval_predictions_at_end.jsonl", to_jsonl({"predicted": p} for p in predicted)
     )
-    predicted = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
+    probe_peak = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
     return {
         "trial_id": TRIAL_ID,
+        "world_size": trainer.args.world_size,
         "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()},
         "memory": {
             "first_steps_peak_bytes": first_steps.peak_bytes,
-            "probe_predicted_peak_bytes": predicted,
-            "actual_over_predicted": first_steps.peak_bytes / predicted if first_steps.peak_bytes else None,
+            "probe_predicted_peak_bytes": probe_peak,
+            "actual_over_predicted": first_steps.peak_bytes / probe_peak if first_steps.peak_bytes else None,
         },
         "steps": trainer.state.global_step,
         "resumed_from_step": resume.step if resume else None,
