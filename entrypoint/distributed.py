@@ -77,6 +77,7 @@ def deepspeed_config(distribution: Distribution, precision: str) -> dict:
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16"},
         "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
         "gradient_accumulation_steps": "auto",
         "gradient_clipping": "auto",
     }

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 
 import torch
 
-__all__ = ["environment"]
+__all__ = ["environment", "platform_summary"]
 
 _PACKAGES = (
     "transformers",
@@ -45,6 +46,39 @@ def environment() -> dict:
         "packages": {name: _version(name) for name in _PACKAGES},
         "rentune": _version("rentune"),
     }
-    if torch.cuda.is_available() and torch.backends.cudnn.is_available():
-        info["cudnn_or_miopen"] = torch.backends.cudnn.version()
+    if torch.cuda.is_available():
+        info["device_memory_bytes"] = [
+            torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())
+        ]
+        if torch.backends.cudnn.is_available():
+            info["cudnn_or_miopen"] = torch.backends.cudnn.version()
+        try:
+            info["nccl_or_rccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except (AttributeError, RuntimeError):
+            info["nccl_or_rccl"] = None
+        info["driver"] = _driver_version()
+    info["image_digest"] = os.environ.get("RENTUNE_IMAGE_DIGEST")  # set by the container build, if known
     return info
+
+
+def platform_summary(env: dict) -> dict:
+    """What a resume compares: a different stack repeats launch and quality checks and is flagged."""
+    return {
+        "torch": env["torch"],
+        "backend": env["backend"],
+        "cuda": env.get("cuda"),
+        "hip": env.get("hip"),
+        "devices": env.get("devices", []),
+        "transformers": env["packages"].get("transformers"),
+        "peft": env["packages"].get("peft"),
+    }
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA or AMD kernel driver version, read from the files the drivers expose (no tools needed)."""
+    for path in ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version"):
+        try:
+            return open(path).readline().strip() or None
+        except OSError:
+            continue
+    return None

@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     if me == 0:
         store.put_bytes(train.WORKER_RESULT, dumps(result))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # a clean teardown; DeepSpeed on gloo can abort without
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

@@ -17,7 +17,7 @@ from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_lates
 from entrypoint.classify import predict_labels
 from entrypoint.context import PhaseContext, to_jsonl
 from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
-from entrypoint.envinfo import environment
+from entrypoint.envinfo import environment, platform_summary
 from entrypoint.model import build_model, hash_base_model, load_trained, resolve_model_dir
 from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
 from entrypoint.store import put_tree
@@ -44,7 +44,7 @@ def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
         "spec_sha256": ctx.spec_sha256,
         "data_version": ctx.read_json("phases/data/result.json")["data_version"],
         "base_model_sha256": base_sha256,
-        "env": {"torch": env["torch"], "backend": env["backend"], "transformers": env["packages"]["transformers"]},
+        "env": platform_summary(env),
     }
 
 
@@ -89,6 +89,7 @@ def run(ctx: PhaseContext) -> dict:
     resume_dir = out / f"resume-rank{rank()}"
     shutil.rmtree(resume_dir, ignore_errors=True)
     resume = find_latest(ctx.store, prefix, resume_dir, ctx.log)
+    platform_change = None
     if resume is not None:
         for field in ("spec_sha256", "data_version", "base_model_sha256"):
             if resume.manifest.get(field) != meta[field]:
@@ -96,6 +97,9 @@ def run(ctx: PhaseContext) -> dict:
                     f"checkpoint step {resume.step}: {field} differs from this job's; refusing to resume from it"
                 )
         ctx.log(f"train: resuming from committed checkpoint step {resume.step}")
+        if resume.manifest.get("env") != meta["env"]:
+            platform_change = {"checkpoint": resume.manifest.get("env"), "now": meta["env"]}
+            ctx.log(f"train: platform change since step {resume.step}: {platform_change}; results are flagged")
 
     with graceful_sigterm(spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
         saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
@@ -154,6 +158,7 @@ def run(ctx: PhaseContext) -> dict:
         },
         "steps": trainer.state.global_step,
         "resumed_from_step": resume.step if resume else None,
+        "platform_change": platform_change,
         "train_loss": outcome.training_loss,
         "losses": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
         "checkpoints_committed": saver.committed,

@@ -58,7 +58,14 @@ def _start(spec: Path, workdir: Path) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("distribution", [{"strategy": "ddp", "nproc_per_node": 2}], ids=["ddp"])
+@pytest.mark.parametrize(
+    "distribution",
+    [
+        {"strategy": "ddp", "nproc_per_node": 2},
+        {"strategy": "deepspeed", "nproc_per_node": 2, "zero_stage": 2},
+    ],
+    ids=["ddp", "deepspeed-zero2"],
+)
 def test_two_processes_checkpoint_stop_and_resume_in_a_fresh_launch(tmp_path, bert, distribution):
     spec = _spec(tmp_path, bert, distribution)
     checkpoints = tmp_path / "store/jobs/dist/trials/main/checkpoints"

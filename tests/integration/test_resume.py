@@ -161,10 +161,17 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     # The step SIGTERM arrived in was finished and committed (it is not a multiple of EVERY in general).
     assert f"checkpoint: committed step {newest.step}" in out and "after SIGTERM" in out
 
+    # The newest checkpoint claims another software stack, as if written on another node image.
+    key = f"{prefix}/step-{newest.step:08d}/{MANIFEST}"
+    manifest = json.loads(job.get_bytes(key))
+    job.put_bytes(key, json.dumps({**manifest, "env": {**manifest["env"], "torch": "0.0-other-node"}}).encode())
+
     (tmp_path / "node-b").mkdir()
     code, out = _finish(_start(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
     ref_weights, ref_losses = reference
-    assert json.loads(job.get_bytes("phases/train/result.json"))["losses"] == ref_losses
+    result = json.loads(job.get_bytes("phases/train/result.json"))
+    assert result["losses"] == ref_losses
+    assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
     weights = _final_weights(job, tmp_path)
     assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)
