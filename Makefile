@@ -23,8 +23,8 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/quickstart.yaml --store file://$(CURDIR)/runs
 
 lint: $(STAMP)
-	$(BIN)/ruff check jobspec entrypoint tests bench
-	$(BIN)/ruff format --check jobspec entrypoint tests bench
+	$(BIN)/ruff check jobspec entrypoint tests bench deploy
+	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy
 
 test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q

@@ -14,7 +14,6 @@ be trusted or corrupted. This module imports no torch: it moves bytes and checks
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from entrypoint.hashing import file_sha256
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
 
 __all__ = [
@@ -60,14 +60,6 @@ def _step_key(prefix: str, step: int) -> str:
     return join_key(prefix, f"step-{step:08d}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: dict) -> dict:
     """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
 
@@ -79,7 +71,7 @@ def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: 
     files = {}
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         name = path.relative_to(folder).as_posix()
-        files[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        files[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
         store.put_file(join_key(key, name), path)
     for name, info in files.items():
         seen = store.head(join_key(key, name))
@@ -119,7 +111,7 @@ def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | 
             return f"{name} is missing"
         if local.stat().st_size != info["size"]:
             return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
-        if _sha256(local) != info["sha256"]:
+        if file_sha256(local) != info["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 

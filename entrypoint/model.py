@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from entrypoint.hashing import file_sha256
 from jobspec.schema import Adaptation, Model
 
 __all__ = [
@@ -59,21 +60,13 @@ class BaseModelHash:
     files: dict[str, str]  # relative path -> sha256 of its bytes
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def hash_base_model(folder: Path) -> BaseModelHash:
     """sha256 of every weight file (`*.safetensors`, recursively) and one overall hash over them.
 
     The overall hash is sha256 of lines `"<relative path>\\t<file sha256>\\n"` in sorted path order, so
     it depends on the exact weight bytes and file names only, never on directory listing order.
     """
-    files = {path.relative_to(folder).as_posix(): _file_sha256(path) for path in sorted(folder.rglob("*.safetensors"))}
+    files = {path.relative_to(folder).as_posix(): file_sha256(path) for path in sorted(folder.rglob("*.safetensors"))}
     overall = hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items())).encode())
     return BaseModelHash(sha256=overall.hexdigest(), files=files)
 
@@ -83,6 +76,17 @@ def load_encoder(folder: Path) -> torch.nn.Module:
     from transformers import AutoModel
 
     return AutoModel.from_pretrained(folder, use_safetensors=True, trust_remote_code=False).eval()
+
+
+def _classifier_options(labels: list[str]) -> dict:
+    """from_pretrained options for a classifier over `labels`: safetensors only, no repository code."""
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "use_safetensors": True,
+        "trust_remote_code": False,
+    }
 
 
 def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adaptation) -> torch.nn.Module:
@@ -101,13 +105,7 @@ def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adapt
         new_head: tuple[str, ...] = ()
     else:
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            folder,
-            num_labels=len(labels),
-            id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)},
-            use_safetensors=True,
-            trust_remote_code=False,
-            output_loading_info=True,
+            folder, **_classifier_options(labels), output_loading_info=True
         )
         new_head = ("classifier", "score")
     trained_anyway = (*new_head, *adaptation.modules_to_save)
@@ -154,12 +152,5 @@ def load_trained(base_folder: Path, weights_folder: Path, labels: list[str], met
         )
     from peft import PeftModel
 
-    base = AutoModelForSequenceClassification.from_pretrained(
-        base_folder,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        use_safetensors=True,
-        trust_remote_code=False,
-    )
+    base = AutoModelForSequenceClassification.from_pretrained(base_folder, **_classifier_options(labels))
     return PeftModel.from_pretrained(base, weights_folder)

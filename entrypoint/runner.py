@@ -94,6 +94,16 @@ def attempt_number(store: Store) -> int:
             number += 1
 
 
+def _check_precision(precision: str, device) -> None:
+    """Refuse a precision the device cannot train in, before any phase runs."""
+    import torch
+
+    if precision == "fp16" and device.type != "cuda":
+        raise Unsupported("training.precision: fp16 needs a CUDA or ROCm device; use bf16 or fp32 on CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise Unsupported(f"training.precision: bf16 is not supported by {torch.cuda.get_device_name(device)}")
+
+
 def _stop_on_sigterm():
     """Outside training (which finishes its step and commits first), SIGTERM stops the current phase at
     once: it is not committed and runs again in the next process. Returns the previous handler."""
@@ -139,6 +149,7 @@ def run_job(
         log=log,
         store_args=tuple(store_args),
     )
+    _check_precision(spec.training.precision, ctx.device)
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()

@@ -70,9 +70,9 @@ def _grads(model) -> dict[str, torch.Tensor]:
 def _step(model, micro: list[dict], causal: bool, checkpointing: bool, optimizer, device) -> tuple[dict, dict]:
     """One optimizer step over `micro` microbatches; returns measurements and the gradients before the step."""
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     model.train()
     torch.manual_seed(SEED)
     weights = _loss_weights(micro, causal)

@@ -67,3 +67,13 @@ def test_planned_steps():
     assert planned_steps(Training(epochs=2, microbatch=16, grad_accum=2), n_train=100) == 8  # ceil(100/32)*2
     assert planned_steps(Training(max_steps=7), n_train=100) == 7
     assert planned_steps(Training(epochs=0.5, microbatch=16), n_train=100) == 4
+
+
+def test_fp16_on_cpu_is_refused_before_any_phase():
+    import torch
+
+    from entrypoint.runner import Unsupported, _check_precision
+
+    with pytest.raises(Unsupported, match="fp16 needs a CUDA or ROCm device"):
+        _check_precision("fp16", torch.device("cpu"))
+    _check_precision("bf16", torch.device("cpu"))  # CPU autocast supports bf16

@@ -1,0 +1,116 @@
+"""Training overhead of rentune: the same tiny training run through rentune's Trainer setup (its callbacks:
+progress, parameter check and peak memory over the first steps, checkpoint commits to a file:// store)
+and through a bare HF Trainer with identical TrainingArguments (local checkpoints every 100 steps too) and no
+callbacks, alternated in one run.
+
+    .venv/bin/python bench/overhead.py [--steps 300] [--repeats 3]
+
+Prints steps/s for each and the ratio rentune / bare (goal: >= 0.97, i.e. within 3%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoTokenizer, Trainer  # noqa: E402
+
+from entrypoint.context import read_jsonl  # noqa: E402
+from entrypoint.model import build_model  # noqa: E402
+from entrypoint.preprocess import collator, encode_rows  # noqa: E402
+from entrypoint.store import FileStore  # noqa: E402
+from entrypoint.trainer import (  # noqa: E402
+    FirstStepsCallback,
+    ProgressCallback,
+    StoreCheckpointCallback,
+    build_trainer,
+    graceful_sigterm,
+)
+from jobspec import parse_spec  # noqa: E402
+from tests.models import build_tiny_bert  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rentune-overhead-"))
+    model_dir = build_tiny_bert(tmp / "bert")
+    spec = parse_spec(
+        f"""
+job: {{id: overhead}}
+hypothesis: {{task: classification, statement: overhead}}
+model: {{path: {model_dir}, max_length: 64}}
+data: {{source: {ROOT / "examples/data/tickets.jsonl"}}}
+adaptation: {{method: lora, rank: 8, target_modules: [query, value]}}
+training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{every_steps: 100}}}}
+"""
+    ).spec
+    rows = [
+        {"text": r["text"], "label": r["label"]}
+        for r in read_jsonl((ROOT / "examples/data/tickets.jsonl").read_bytes())
+    ]
+    labels = sorted({r["label"] for r in rows})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    features = [e.features for e in encode_rows(tokenizer, rows, spec, labels)]
+    log = lambda message: None  # noqa: E731
+
+    def rentune_run(i: int) -> float:
+        torch.manual_seed(0)
+        model = build_model(model_dir, False, labels, spec.adaptation)
+        store = FileStore(tmp / f"store-{i}")
+        with graceful_sigterm(60, log) as sigterm:
+            callbacks = [
+                ProgressCallback(log),
+                StoreCheckpointCallback(store, "ckpt", {}, spec.training.checkpoint, sigterm, log),
+                FirstStepsCallback("lora", torch.device("cpu")),
+            ]
+            trainer = build_trainer(
+                model, collator(tokenizer, False), features, spec.training, tmp / f"r{i}", True, callbacks, False
+            )
+            started = time.perf_counter()
+            trainer.train()
+            return args.steps / (time.perf_counter() - started)
+
+    def bare_run(i: int) -> float:
+        torch.manual_seed(0)
+        model = build_model(model_dir, False, labels, spec.adaptation)
+        reference = build_trainer(
+            model, collator(tokenizer, False), features, spec.training, tmp / f"b{i}", True, [], False
+        )
+        trainer = Trainer(
+            model=model,
+            args=reference.args,  # identical, checkpoints every 100 steps included (kept locally)
+            train_dataset=features,
+            data_collator=collator(tokenizer, False),
+        )
+        trainer.model_accepts_loss_kwargs = False
+        started = time.perf_counter()
+        trainer.train()
+        return args.steps / (time.perf_counter() - started)
+
+    ours, bare = [], []
+    for i in range(args.repeats):  # alternate so drift on a shared machine hits both alike
+        bare.append(bare_run(i))
+        ours.append(rentune_run(i))
+    o, b = statistics.median(ours), statistics.median(bare)
+    print(f"steps/s over {args.steps} steps, median of {args.repeats}: rentune {o:.1f}, bare Trainer {b:.1f}")
+    print(f"ratio rentune / bare: {o / b:.3f} (both save every 100 steps; rentune also hashes, uploads and rotates)")
+
+
+if __name__ == "__main__":
+    main()
