@@ -5,24 +5,31 @@ BIN    := $(VENV)/bin
 # Pinned here only: on the project's machines this resolves to a CPU build from local disk.
 # pyproject.toml keeps a range so the CUDA/ROCm images keep their own torch.
 TORCH  := torch==2.13.0
-STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo test lint clean
 
-$(STAMP): pyproject.toml Makefile
+# torch first, so that nothing the project needs pulls a multi-GB CUDA build instead.
+$(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH)
+	touch $@
+
+$(VENV)/.demo: $(VENV)/.torch pyproject.toml
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.test: $(VENV)/.torch pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $@
 
-setup: $(STAMP)
+setup: $(VENV)/.test
 
-demo: $(STAMP)
+demo: $(VENV)/.demo
 	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/quickstart.yaml
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/quickstart.yaml --store file://$(CURDIR)/runs
 
-lint: $(STAMP)
+lint: $(VENV)/.test
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy
 	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy
 
@@ -30,4 +37,4 @@ test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .rentune-work .pytest_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from jobspec.schema import Adaptation, Model
 __all__ = [
     "BaseModelHash",
     "ModelError",
+    "adaptation_summary",
     "build_model",
     "hash_base_model",
     "load_encoder",
@@ -35,7 +37,18 @@ class ModelError(ValueError):
 
 def resolve_model_dir(model: Model) -> Path:
     """The local folder holding the base model, from `model.path` or `model.package`."""
-    if model.package is not None:
+    if model.hub_id is not None:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:  # the local hub cache only: a node never downloads at run time
+            folder = Path(snapshot_download(model.hub_id, revision=model.revision, local_files_only=True))
+        except (LocalEntryNotFoundError, FileNotFoundError):
+            raise ModelError(
+                f"model.hub_id: {model.hub_id} at revision {model.revision} is not in the local hub cache "
+                "(HF_HUB_CACHE); put it there before the run (e.g. in the image or a mounted volume)"
+            ) from None
+    elif model.package is not None:
         spec = importlib.util.find_spec(model.package)
         if spec is None or spec.origin is None:
             raise ModelError(
@@ -47,6 +60,12 @@ def resolve_model_dir(model: Model) -> Path:
         folder = Path(str(model.path).removeprefix("file://")).expanduser()
     if not (folder / "config.json").is_file():
         raise ModelError(f"model: expected a folder with config.json at {folder}")
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("auto_map"):
+        raise ModelError(
+            f"model: {folder} needs its own Python code (config.json auto_map); rentune never runs repository "
+            "code (trust_remote_code); use an architecture transformers ships"
+        )
     if not any(folder.glob("*.safetensors")):
         found = [name for name in _PICKLE_WEIGHTS if (folder / name).exists()]
         hint = f" (found {', '.join(found)}: convert to safetensors first)" if found else ""
@@ -139,6 +158,20 @@ def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adapt
         return get_peft_model(model, config)
     except ValueError as exc:  # peft has no default targets for this architecture
         raise ModelError(f"adaptation.target_modules: {exc}; name the modules to wrap") from None
+
+
+def adaptation_summary(model: torch.nn.Module) -> dict:
+    """What the adaptation resolved to on the real model: wrapped modules, extra saved modules, counts."""
+    names = [name for name, _ in model.named_modules()]
+    lora = sorted({name.rsplit(".lora_A", 1)[0] for name in names if ".lora_A" in name})
+    saved = sorted({name.rsplit(".modules_to_save", 1)[0] for name in names if name.endswith(".modules_to_save")})
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "lora_modules": lora,
+        "modules_to_save": saved,
+        "trainable_parameters": trainable,
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def load_trained(base_folder: Path, weights_folder: Path, labels: list[str], method: str) -> torch.nn.Module:

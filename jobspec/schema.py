@@ -98,13 +98,22 @@ class Model(_Section):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="An installed Python package that ships the model in its `model/` folder.",
     )
-    revision: str = Field("local", max_length=200, description="Recorded in BINDING.json.")
+    hub_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="A Hugging Face hub id, read from the local hub cache only (no network); needs `revision`.",
+    )
+    revision: str = Field(
+        "local", max_length=200, description="Recorded in BINDING.json; with hub_id, the pinned 40-hex commit."
+    )
     max_length: int = Field(128, ge=8, le=32768, description="Tokens per example; longer is truncated.")
 
     @model_validator(mode="after")
     def _one_source(self) -> Model:
-        if (self.path is None) == (self.package is None):
-            raise ValueError("expected exactly one of model.path or model.package")
+        if sum(source is not None for source in (self.path, self.package, self.hub_id)) != 1:
+            raise ValueError("expected exactly one of model.path, model.package or model.hub_id")
+        if self.hub_id is not None and not re.fullmatch(r"[0-9a-f]{40}", self.revision):
+            raise ValueError("expected model.revision to be the 40-hex commit the hub_id is pinned to")
         return self
 
 

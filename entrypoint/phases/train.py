@@ -18,7 +18,7 @@ from entrypoint.classify import predict_labels
 from entrypoint.context import PhaseContext, to_jsonl
 from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
 from entrypoint.envinfo import environment, platform_summary
-from entrypoint.model import build_model, hash_base_model, load_trained, resolve_model_dir
+from entrypoint.model import adaptation_summary, build_model, hash_base_model, load_trained, resolve_model_dir
 from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
 from entrypoint.store import put_tree
 from entrypoint.trainer import (
@@ -75,10 +75,11 @@ def run(ctx: PhaseContext) -> dict:
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
     model = build_model(folder, causal, labels, spec.adaptation)
     features = [e.features for e in encode_rows(tokenizer, ctx.read_split("train"), spec, labels)]
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    adaptation = adaptation_summary(model)
+    trainable, total = adaptation["trainable_parameters"], adaptation["total_parameters"]
     ctx.log(
-        f"train: {len(features)} examples, {trainable:,} of {total:,} parameters trainable ({spec.adaptation.method})"
+        f"train: {len(features)} examples, {trainable:,} of {total:,} parameters trainable ({spec.adaptation.method}, "
+        f"{len(adaptation['lora_modules'])} LoRA modules, saved in full: {adaptation['modules_to_save'] or 'none'})"
     )
 
     meta = _checkpoint_meta(ctx, hash_base_model(folder).sha256)
@@ -162,7 +163,6 @@ def run(ctx: PhaseContext) -> dict:
         "train_loss": outcome.training_loss,
         "losses": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
         "checkpoints_committed": saver.committed,
-        "trainable_parameters": trainable,
-        "total_parameters": total,
+        "adaptation": adaptation,
         "weights": keys,
     }

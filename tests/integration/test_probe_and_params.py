@@ -173,3 +173,60 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
         torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-7)
         moved += int((whole[name] != 0).any())
     assert moved > 0
+
+
+def _hub_cache(tmp_path: Path, source: Path, commit: str) -> Path:
+    """The layout the Hugging Face hub cache uses, filled from a model folder built here."""
+    import shutil
+
+    snapshot = tmp_path / "hub" / "models--acme--tiny-bert" / "snapshots" / commit
+    shutil.copytree(source, snapshot)
+    (tmp_path / "hub" / "models--acme--tiny-bert" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-bert" / "refs" / "main").write_text(commit)
+    return tmp_path / "hub"
+
+
+def test_hub_id_resolves_from_the_local_cache_pinned_to_a_commit(tmp_path, bert, monkeypatch):
+    import huggingface_hub.constants
+
+    from entrypoint.model import resolve_model_dir
+    from jobspec.schema import Model
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(_hub_cache(tmp_path, bert, commit)))
+    folder = resolve_model_dir(Model(hub_id="acme/tiny-bert", revision=commit))
+    assert folder.name == commit and (folder / "model.safetensors").is_file()
+    with pytest.raises(ModelError, match="not in the local hub cache"):
+        resolve_model_dir(Model(hub_id="acme/tiny-bert", revision="f" * 40))
+    with pytest.raises(ValueError, match="40-hex commit"):
+        Model(hub_id="acme/tiny-bert", revision="main")
+
+
+def test_models_that_need_their_own_code_are_refused(tmp_path, bert):
+    import shutil
+
+    from entrypoint.model import resolve_model_dir
+    from jobspec.schema import Model
+
+    shutil.copytree(bert, tmp_path / "remote")
+    config = json.loads((tmp_path / "remote" / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (tmp_path / "remote" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="never runs repository code"):
+        resolve_model_dir(Model(path=str(tmp_path / "remote")))
+    (tmp_path / "remote" / "model.safetensors").rename(tmp_path / "remote" / "pytorch_model.bin")
+    config.pop("auto_map")
+    (tmp_path / "remote" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="found pytorch_model.bin: convert to safetensors first"):
+        resolve_model_dir(Model(path=str(tmp_path / "remote")))
+
+
+def test_adaptation_summary_names_what_lora_wrapped(bert):
+    from entrypoint.model import adaptation_summary
+
+    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4, target_modules=["query", "value"]))
+    summary = adaptation_summary(model)
+    assert len(summary["lora_modules"]) == 4  # query and value in each of the 2 layers
+    assert all(name.endswith((".query", ".value")) for name in summary["lora_modules"])
+    assert summary["modules_to_save"] == ["base_model.model.classifier"]
+    assert 0 < summary["trainable_parameters"] < summary["total_parameters"]
