@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -73,6 +74,8 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None) -> 
     # load reports and progress bars would bury the per-step progress lines.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    # peft still calls transformers' v4 names; the FutureWarning says nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     from entrypoint.dataio import DataError
     from entrypoint.runner import JobConflict, Unsupported, read_result, run_job
     from entrypoint.store import InvalidKey, open_store

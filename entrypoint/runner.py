@@ -94,10 +94,13 @@ def attempt_number(store: Store) -> int:
             number += 1
 
 
-def _check_precision(precision: str, device) -> None:
-    """Refuse a precision the device cannot train in, before any phase runs."""
+def _check_device(wanted: str, precision: str) -> None:
+    """Refuse a device that is not there, or a precision it cannot train in, before any phase runs."""
     import torch
 
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise Unsupported("training.device: 'cuda' requested but torch sees no CUDA or ROCm device")
+    device = torch.device("cuda" if wanted != "cpu" and torch.cuda.is_available() else "cpu")
     if precision == "fp16" and device.type != "cuda":
         raise Unsupported("training.precision: fp16 needs a CUDA or ROCm device; use bf16 or fp32 on CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -149,7 +152,7 @@ def run_job(
         log=log,
         store_args=tuple(store_args),
     )
-    _check_precision(spec.training.precision, ctx.device)
+    _check_device(spec.training.device, spec.training.precision)
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()

@@ -69,11 +69,14 @@ def test_planned_steps():
     assert planned_steps(Training(epochs=0.5, microbatch=16), n_train=100) == 4
 
 
-def test_fp16_on_cpu_is_refused_before_any_phase():
+def test_missing_device_or_unsupported_precision_is_refused_before_any_phase():
     import torch
 
-    from entrypoint.runner import Unsupported, _check_precision
+    from entrypoint.runner import Unsupported, _check_device
 
     with pytest.raises(Unsupported, match="fp16 needs a CUDA or ROCm device"):
-        _check_precision("fp16", torch.device("cpu"))
-    _check_precision("bf16", torch.device("cpu"))  # CPU autocast supports bf16
+        _check_device("cpu", "fp16")
+    _check_device("cpu", "bf16")  # CPU autocast supports bf16
+    if not torch.cuda.is_available():
+        with pytest.raises(Unsupported, match="'cuda' requested but torch sees no CUDA or ROCm device"):
+            _check_device("cuda", "fp32")
