@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.hashing import file_sha256
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
+from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, StoreError, check_key, join_key
 
 __all__ = [
     "MANIFEST",
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 MANIFEST = "MANIFEST.json"
+REJECTED = "REJECTED.json"  # a step whose manifest did not verify; why, for the post-mortem
 MANIFEST_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -70,9 +71,11 @@ def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: 
     key = _step_key(prefix, step)
     files = {}
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix()
-        files[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
-        store.put_file(join_key(key, name), path)
+        files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    if store.head(join_key(key, MANIFEST)) is not None:  # never overwrite the files of a committed step
+        return _same_or_refuse(store, key, step, files)
+    for name in files:
+        store.put_file(join_key(key, name), Path(folder) / name)
     for name, info in files.items():
         seen = store.head(join_key(key, name))
         if seen is None or seen.size != info["size"]:
@@ -82,11 +85,16 @@ def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: 
     try:
         store.put_if_absent(join_key(key, MANIFEST), body)
     except ObjectExists:
-        theirs = json.loads(store.get_bytes(join_key(key, MANIFEST)))
-        if theirs.get("files") != files:
-            raise CheckpointError(f"{key}: another writer committed different files for step {step}") from None
-        return theirs
+        return _same_or_refuse(store, key, step, files)
     return manifest
+
+
+def _same_or_refuse(store: Store, key: str, step: int, files: dict) -> dict:
+    """Another writer committed this step first: fine if it holds the same files, else CheckpointError."""
+    theirs = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+    if theirs.get("files") != files:
+        raise CheckpointError(f"{key}: another writer committed different files for step {step}")
+    return theirs
 
 
 def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
@@ -101,9 +109,16 @@ def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
 
 
 def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
-    """Download every listed file of `key` into `folder`; None if all verify, else the reason."""
+    """Download every listed file of `key` into `folder`; None if all verify, else the reason. A name
+    that could escape `folder` or an entry without size and sha256 is a reason, never a download."""
     shutil.rmtree(folder, ignore_errors=True)
     for name, info in sorted(manifest.get("files", {}).items()):
+        try:
+            check_key(name)
+        except InvalidKey:
+            return f"the manifest lists an unsafe file name {name!r}"
+        if not (isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)):
+            return f"the manifest entry for {name} lacks an integer size and a sha256"
         local = folder / name
         try:
             store.get_file(join_key(key, name), local)
@@ -139,9 +154,17 @@ def find_latest(store: Store, prefix: str, into: Path, log: Callable[[str], None
         if problem:
             log(f"checkpoint step {step}: {problem}; falling back to an older checkpoint")
             shutil.rmtree(folder, ignore_errors=True)
+            _reject(store, key, problem)
             continue
         return Checkpoint(step=step, folder=folder, manifest=manifest)
     return None
+
+
+def _reject(store: Store, key: str, reason: str) -> None:
+    """Withdraw a committed step that does not verify: keep the evidence in REJECTED.json, delete the
+    manifest, so the step no longer counts and training can commit it again when it gets there."""
+    store.put_bytes(join_key(key, REJECTED), json.dumps({"reason": reason, "at": time.time()}).encode())
+    store.delete(join_key(key, MANIFEST))
 
 
 def rotate(store: Store, prefix: str, keep: int, log: Callable[[str], None]) -> list[int]:

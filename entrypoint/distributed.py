@@ -9,6 +9,7 @@ which forwards it to the workers, which finish their step and commit.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -45,19 +46,27 @@ def torchrun_command(distribution: Distribution, worker_args: Sequence[str]) -> 
     return [*command, "-m", "entrypoint.train_worker", *worker_args]
 
 
-def run_torchrun(command: list[str], log) -> tuple[int, bool]:
-    """Run torchrun in the foreground; forward SIGTERM to it. Returns (exit code, SIGTERM was received)."""
-    proc = subprocess.Popen(command)
-    received = []
+def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bool]:
+    """Run torchrun in the foreground; forward SIGTERM to it. Returns (exit code, SIGTERM was received).
+
+    torchrun kills its workers `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
+    raised above the checkpoint grace so that the workers' own watchdog decides when to give up."""
+    received: list[int] = []
+    procs: list[subprocess.Popen] = []
 
     def forward(signum, frame):
         received.append(signum)
         log("train: SIGTERM received; forwarding to the torchrun workers")
-        proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = signal.signal(signal.SIGTERM, forward)  # before Popen: no window where torchrun is orphaned
     try:
-        code = proc.wait()
+        env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace_seconds) + 15)}
+        procs.append(subprocess.Popen(command, env=env))
+        if received:
+            procs[0].send_signal(signal.SIGTERM)
+        code = procs[0].wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
     return code, bool(received)

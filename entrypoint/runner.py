@@ -25,7 +25,7 @@ from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
 from entrypoint.phases import baseline, data, evaluate, export, probe, train
 from entrypoint.preprocess import is_causal
-from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, StoreError, join_key
 from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec
 
@@ -152,11 +152,11 @@ def run_job(
         log=log,
         store_args=tuple(store_args),
     )
-    _check_device(spec.training.device, spec.training.precision)
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()
     try:
+        _check_device(spec.training.device, spec.training.precision)
         for name, phase in PHASES:
             key = f"phases/{name}/result.json"
             if store.head(key) is not None:
@@ -175,7 +175,10 @@ def run_job(
             started = time.monotonic()
             result = phase(ctx)
             result["seconds"] = round(time.monotonic() - started, 3)
-            store.put_if_absent(key, dumps(result))
+            try:
+                store.put_if_absent(key, dumps(result))
+            except ObjectExists:  # another process (another node, a second worker) committed it first
+                log(f"{name}: committed by another process meanwhile; keeping theirs")
             ran.append(name)
             if name == until:
                 break
@@ -188,7 +191,10 @@ def run_job(
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
         outcome["ended_at"] = time.time()
-        store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
+        try:
+            store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
+        except StoreError as exc:  # never let the record hide the outcome it records
+            log(f"store: could not record the end of attempt {attempt}: {exc}")
     return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)
 
 

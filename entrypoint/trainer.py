@@ -110,6 +110,17 @@ class graceful_sigterm:
             signal.signal(signal.SIGTERM, self._previous)
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _collective_device() -> torch.device:
+    """Where a small tensor must live for the process group's backend (NCCL/RCCL: the GPU; gloo: CPU)."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class StoreCheckpointCallback(TrainerCallback):
     """Commits each checkpoint the Trainer writes to the store with the manifest-last protocol."""
 
@@ -129,17 +140,25 @@ class StoreCheckpointCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         minutes = self.policy.every_minutes
-        if minutes is not None and time.monotonic() - self.last_commit >= minutes * 60:
+        save = minutes is not None and time.monotonic() - self.last_commit >= minutes * 60
+        save = save or state.global_step >= state.max_steps
+        stop = self.sigterm.requested.is_set()
+        save = save or stop  # a stop always commits first
+        if _distributed():
+            # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce
+            # (clocks and signal arrival differ per rank). This is a CPU-GPU sync point, once per step.
+            flags = torch.tensor([float(save), float(stop)], device=_collective_device())
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            save, stop = bool(flags[0]), bool(flags[1])
+        if save:
             control.should_save = True
-        if state.global_step >= state.max_steps:
-            control.should_save = True
-        if self.sigterm.requested.is_set():
-            control.should_save = True
+        if stop:
             control.should_training_stop = True
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        self.last_commit = time.monotonic()  # on every rank, so the minutes interval stays in step
+        if _distributed():
             torch.distributed.barrier()  # every rank has written its files (e.g. rng_state_<rank>.pth)
         if not state.is_world_process_zero:
             return
@@ -163,20 +182,24 @@ class FirstStepsCallback(TrainerCallback):
     """Over the first `steps` optimizer steps of this process: the parameter check after each update (a
     violation stops training) and the peak memory, to compare with the probe's prediction."""
 
-    def __init__(self, method: str, device, steps: int = 10):
+    def __init__(self, method: str, device, steps: int = 10, check_parameters: bool = True):
         self.method, self.device, self.steps = method, device, steps
+        # ZeRO-3 partitions parameters: a rank holds an empty placeholder, so there is nothing to compare.
+        self.check_parameters = check_parameters
         self.check: ParameterCheck | None = None
         self.peak: PeakMemory | None = None
         self.seen = 0
         self.peak_bytes: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.check = ParameterCheck(model, self.method)
+        if self.check_parameters:
+            self.check = ParameterCheck(model, self.method)
         self.peak = PeakMemory(self.device).__enter__()
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.seen += 1
-        self.check.after_update(model, self.seen)
+        if self.check is not None:
+            self.check.after_update(model, self.seen)
         if self.seen == self.steps:
             self._stop_measuring()
 
@@ -201,7 +224,8 @@ def build_trainer(
     deepspeed: dict | None = None,
 ) -> Trainer:
     """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody."""
-    steps = planned_steps(training, len(train_features))
+    # Under torchrun each optimizer step consumes world_size microbatches x grad_accum.
+    steps = planned_steps(training, len(train_features), world_size=int(os.environ.get("WORLD_SIZE", "1")))
     every = training.checkpoint.every_steps
     args = TrainingArguments(
         output_dir=str(output_dir),

@@ -26,6 +26,19 @@ _SECRET_KEY = re.compile(r"secret|passw(or)?d|access_key|credential|api_?key|ses
 _SECRET_VALUE = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b|-----BEGIN [A-Z ]*PRIVATE KEY-----")
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader without anchors and aliases: a spec never needs them, and a few nested aliases expand
+    into billions of nodes (a "billion laughs" spec from a queue would hang validation)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
 class SpecError(ValueError):
     """A spec that cannot be used. `errors` holds one line per problem, each naming file and field."""
 
@@ -57,7 +70,7 @@ def load_spec(path: str | Path) -> LoadedSpec:
 def parse_spec(text: str, source: str = "<spec>") -> LoadedSpec:
     """Validate spec `text` (YAML or JSON); `source` names it in messages. Raises `SpecError`."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader that also refuses aliases
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -111,8 +124,12 @@ def _format_error(err: Any, raw: dict) -> str:
     message = err["msg"]
     message = re.sub(r"^(Value error, |Input should be )", "", message)
     got = err.get("input")
-    shown = "" if isinstance(got, dict) else f", got {got!r}"
+    shown = "" if isinstance(got, dict) else f", got {_short(repr(got))}"
     return f"{field}: expected {message[0].lower()}{message[1:]}{shown}"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:

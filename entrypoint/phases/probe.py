@@ -13,6 +13,7 @@ would make it fit.
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -127,6 +128,10 @@ def run(ctx: PhaseContext) -> dict:
         except Exception as exc:
             if not is_oom(exc):
                 raise
+            del model, optimizer, batch  # free the failed attempt before the next variant builds its model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             outcomes[name] = "oom"
             variants[name] = {"oom": True, "microbatch": m, "accumulated": parts, "checkpointing": checkpointing}
             continue

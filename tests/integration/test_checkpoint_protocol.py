@@ -221,3 +221,31 @@ def test_prefixed_job_store_confines_checkpoints(file_store, tmp_path):
     job = PrefixedStore(file_store, "jobs/a")
     _commit(job, tmp_path, 5)
     assert all(info.key.startswith("jobs/a/trials/") for info in file_store.list(""))
+
+
+def test_a_rejected_step_can_be_committed_again_and_a_committed_one_is_never_overwritten(store, tmp_path):
+    _commit(store, tmp_path, 10)
+    _commit(store, tmp_path, 20)
+    before = store.get_bytes(f"{PREFIX}/step-00000010/optimizer.pt")
+    with pytest.raises(CheckpointError, match="another writer committed different files"):
+        commit_checkpoint(store, PREFIX, 10, _files(tmp_path / "other", 99), META)
+    assert store.get_bytes(f"{PREFIX}/step-00000010/optimizer.pt") == before  # nothing re-uploaded
+
+    store.put_bytes(f"{PREFIX}/step-00000020/optimizer.pt", b"corrupted")
+    lines, log = _logger()
+    assert find_latest(store, PREFIX, tmp_path / "dl", log).step == 10
+    assert "has 9 bytes" in json.loads(store.get_bytes(f"{PREFIX}/step-00000020/REJECTED.json"))["reason"]
+    _commit(store, tmp_path, 20)  # training reached step 20 again: the step is committed afresh
+    assert find_latest(store, PREFIX, tmp_path / "dl", log).step == 20
+
+
+@pytest.mark.parametrize("name", ["/tmp/escaped-by-manifest", "../escaped", "a/../../escaped"])
+def test_a_manifest_naming_a_path_outside_the_folder_is_skipped_and_writes_nothing(store, tmp_path, name):
+    _commit(store, tmp_path, 10)
+    store.put_bytes(f"{PREFIX}/step-00000020/{name.lstrip('/').replace('..', 'x')}", b"payload")
+    manifest = {"step": 20, "files": {name: {"size": 7, "sha256": "0" * 64}}}
+    store.put_bytes(f"{PREFIX}/step-00000020/{MANIFEST}", json.dumps(manifest).encode())
+    lines, log = _logger()
+    assert find_latest(store, PREFIX, tmp_path / "dl" / "deep", log).step == 10
+    assert "unsafe file name" in lines[0]
+    assert not Path("/tmp/escaped-by-manifest").exists() and not (tmp_path / "dl" / "escaped").exists()

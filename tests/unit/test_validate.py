@@ -116,3 +116,13 @@ def test_schema_command_prints_json_schema():
     schema = json.loads(result.output)
     assert set(schema["required"]) == {"job", "hypothesis", "model", "data"}
     assert schema["additionalProperties"] is False
+
+
+def test_yaml_aliases_are_refused_quickly(tmp_path):
+    """A few nested aliases would expand into millions of nodes ("billion laughs")."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 30)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and "aliases (*name) are not allowed" in result.output
