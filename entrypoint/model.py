@@ -6,6 +6,7 @@ may come from a queue, and neither pickle files nor repository code run here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -85,7 +86,16 @@ def hash_base_model(folder: Path) -> BaseModelHash:
     The overall hash is sha256 of lines `"<relative path>\\t<file sha256>\\n"` in sorted path order, so
     it depends on the exact weight bytes and file names only, never on directory listing order.
     """
-    files = {path.relative_to(folder).as_posix(): file_sha256(path) for path in sorted(folder.rglob("*.safetensors"))}
+    paths = sorted(folder.rglob("*.safetensors"))
+    signature = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    return _hash_files(folder, signature)
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_files(folder: Path, signature: tuple) -> BaseModelHash:
+    """Baseline, train and export each ask within one run: read the weights once per process, again only
+    if a file's size or modification time changed (the signature)."""
+    files = {Path(path).relative_to(folder).as_posix(): file_sha256(Path(path)) for path, _, _ in signature}
     overall = hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items())).encode())
     return BaseModelHash(sha256=overall.hexdigest(), files=files)
 
