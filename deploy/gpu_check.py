@@ -82,9 +82,9 @@ def main() -> None:
     subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     job = tmp / "store/jobs/gpu-check/phases"
     probe = json.loads((job / "probe/result.json").read_text())
-    train = json.loads((job / "train/result.json").read_text())
+    seconds = json.loads((job / "train/result.json").read_text())["seconds"]
+    train = json.loads((job.parent / "trials/main/result.json").read_text())
     losses = train["losses"]
-    seconds = train["seconds"]
     tokens_per_s = train["steps"] * MICROBATCH * MAX_LENGTH / seconds
     # Training FLOPs per token ~ 6 x parameters (forward 2N, backward 4N); LoRA skips most weight gradients,
     # so this overstates the work a little and MFU is an upper bound.

@@ -37,6 +37,8 @@ class PhaseContext:
     workdir: Path  # local scratch for this process; may be empty on a fresh node
     log: Callable[[str], None]
     store_args: tuple[str, ...] = ()  # how a torchrun worker reopens this job's store (see train_worker)
+    root: Store | None = None  # the whole store: the sealed-test record spans jobs
+    reopen_test: str | None = None  # the user's reason to open an already opened test split again
 
     def read_json(self, key: str) -> Any:
         return json.loads(self.store.get_bytes(key))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["METRICS_VERSION", "classification_report", "format_side_by_side"]
+__all__ = ["METRICS_VERSION", "classification_report"]
 
-METRICS_VERSION = "classification-1"
+METRICS_VERSION = "classification-2"  # 2: flat `metrics` for guardrails
 
 
 def _f1(precision: float, recall: float) -> float:
@@ -18,7 +18,8 @@ def _f1(precision: float, recall: float) -> float:
 
 
 def classification_report(gold: Sequence[str], pred: Sequence[str], labels: Sequence[str]) -> dict:
-    """Per-category precision/recall/F1/support, macro and micro averages, accuracy, confusion matrix.
+    """Per-category precision/recall/F1/support, macro and micro averages, accuracy, confusion matrix, and
+    `metrics`: the same numbers flat (`macro_f1`, `f1/<category>`, ...), as guardrails name them.
 
     `labels` fixes the category order; a predicted label outside it counts as wrong for every category.
     A category with no gold and no predicted examples gets F1 0 (and is visible in `per_category`).
@@ -48,25 +49,20 @@ def classification_report(gold: Sequence[str], pred: Sequence[str], labels: Sequ
         total_tp, total_fp, total_fn = total_tp + tp, total_fp + fp, total_fn + fn
     micro_p = total_tp / (total_tp + total_fp) if total_tp + total_fp else 0.0
     micro_r = total_tp / (total_tp + total_fn) if total_tp + total_fn else 0.0
-    return {
-        "metrics_version": METRICS_VERSION,
-        "n": len(gold),
+    headline = {
         "accuracy": sum(1 for g, p in zip(gold, pred, strict=True) if g == p) / len(gold),
         "macro_f1": sum(c["f1"] for c in per_category.values()) / len(labels),
         "micro_f1": _f1(micro_p, micro_r),
+    }
+    flat = dict(headline)
+    for label, scores in per_category.items():
+        for name in ("f1", "precision", "recall"):
+            flat[f"{name}/{label}"] = scores[name]
+    return {
+        "metrics_version": METRICS_VERSION,
+        "n": len(gold),
+        **headline,
+        "metrics": flat,
         "per_category": per_category,
         "confusion": {"labels": list(labels), "rows_gold_cols_pred": confusion},
     }
-
-
-def format_side_by_side(baseline: dict, adapted: dict, labels: Sequence[str]) -> str:
-    """A plain-text table of per-category F1, baseline vs adapted, with the change."""
-    width = max(len("macro_f1"), *(len(label) for label in labels))
-    lines = [f"{'category':<{width}}  {'baseline':>8}  {'adapted':>8}  {'change':>7}"]
-    rows = [(label, baseline["per_category"][label]["f1"], adapted["per_category"][label]["f1"]) for label in labels]
-    rows.append(("macro_f1", baseline["macro_f1"], adapted["macro_f1"]))
-    for name, before, after in rows:
-        if name == "macro_f1":
-            lines.append("-" * len(lines[0]))
-        lines.append(f"{name:<{width}}  {before:>8.3f}  {after:>8.3f}  {after - before:>+7.3f}")
-    return "\n".join(lines)

@@ -24,6 +24,7 @@ __all__ = [
     "adaptation_summary",
     "build_model",
     "hash_base_model",
+    "load_causal_lm",
     "load_encoder",
     "load_trained",
     "resolve_model_dir",
@@ -184,16 +185,27 @@ def adaptation_summary(model: torch.nn.Module) -> dict:
     }
 
 
-def load_trained(base_folder: Path, weights_folder: Path, labels: list[str], method: str) -> torch.nn.Module:
-    """Reload a trained classifier the way a user would: the base model plus the saved peft adapter
+def load_causal_lm(folder: Path) -> torch.nn.Module:
+    """The untouched causal LM, for the generation baseline."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, trust_remote_code=False).eval()
+
+
+def load_trained(
+    base_folder: Path, weights_folder: Path, labels: list[str], method: str, causal: bool = False
+) -> torch.nn.Module:
+    """Reload a trained model the way a user would: the base model plus the saved peft adapter
     (`PeftModel.from_pretrained`), or the saved full model for `method == "full"`."""
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     if method == "full":
-        return AutoModelForSequenceClassification.from_pretrained(
-            weights_folder, use_safetensors=True, trust_remote_code=False
-        )
+        auto = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+        return auto.from_pretrained(weights_folder, use_safetensors=True, trust_remote_code=False)
     from peft import PeftModel
 
-    base = AutoModelForSequenceClassification.from_pretrained(base_folder, **_classifier_options(labels))
+    if causal:
+        base = AutoModelForCausalLM.from_pretrained(base_folder, use_safetensors=True, trust_remote_code=False)
+    else:
+        base = AutoModelForSequenceClassification.from_pretrained(base_folder, **_classifier_options(labels))
     return PeftModel.from_pretrained(base, weights_folder)

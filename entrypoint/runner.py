@@ -23,8 +23,7 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
-from entrypoint.phases import baseline, data, evaluate, export, probe, train
-from entrypoint.preprocess import is_causal
+from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, StoreError, join_key
 from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec
@@ -37,6 +36,8 @@ PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("probe", probe.run),
     ("train", train.run),
     ("evaluate", evaluate.run),
+    ("test", test.run),
+    ("report", report.run),
     ("export", export.run),
 ]
 
@@ -120,9 +121,15 @@ def _stop_on_sigterm():
 
 
 def run_job(
-    loaded: LoadedSpec, root: Store, workdir: Path, log: Callable[[str], None], until: str | None = None
+    loaded: LoadedSpec,
+    root: Store,
+    workdir: Path,
+    log: Callable[[str], None],
+    until: str | None = None,
+    reopen_test: str | None = None,
 ) -> JobOutcome:
-    """Run every phase not yet committed, in order, stopping after `until` if given. Raises whatever a
+    """Run every phase not yet committed, in order, stopping after `until` if given. `reopen_test` is the
+    reason to open a test split another spec already opened (recorded in the report). Raises whatever a
     phase raises, after recording the attempt."""
     if until is not None and until not in dict(PHASES):
         raise ValueError(f"--until {until!r}: expected one of {', '.join(name for name, _ in PHASES)}")
@@ -151,6 +158,8 @@ def run_job(
         workdir=(workdir / spec.job.id).resolve(),
         log=log,
         store_args=tuple(store_args),
+        root=root,
+        reopen_test=reopen_test,
     )
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
@@ -166,11 +175,6 @@ def run_job(
                     break
                 continue
             outcome["phase"] = name
-            if name != "data" and is_causal(spec):
-                raise Unsupported(
-                    f"hypothesis.task {spec.hypothesis.task!r}: the {name} phase for causal LMs is not built yet; "
-                    "`rentune run --until data` checks and inspects the data"
-                )
             log(f"{name}: starting")
             started = time.monotonic()
             result = phase(ctx)

@@ -1,8 +1,8 @@
 """A torchrun worker: rebuild the job context from the store and run the train phase on this rank.
 
-    torchrun ... -m entrypoint.train_worker --store URI --job JOB_ID --workdir DIR [--endpoint-url URL ...]
+    torchrun ... -m entrypoint.train_worker --store URI --job JOB_ID --workdir DIR --trial ID [--endpoint-url URL ...]
 
-Rank 0 writes the phase's result to `trials/<trial>/train_result.json`; the launching process commits it.
+Rank 0 writes the trial's result to `trials/<trial>/train_result.json`; the launching process commits it.
 Exit code 143 when stopped by SIGTERM (checkpoint committed if the grace allowed).
 """
 
@@ -18,6 +18,7 @@ from entrypoint.phases import train
 from entrypoint.runner import job_store
 from entrypoint.store import open_store
 from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
+from jobspec.experiments import resolve_trials
 from jobspec.load import parse_spec
 
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--trial", required=True)
     parser.add_argument("--endpoint-url")
     parser.add_argument("--region")
     parser.add_argument("--addressing-style")
@@ -47,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = PhaseContext(loaded.spec, loaded.sha256, store, args.workdir, log)
     try:
-        result = train.run(ctx)
+        trial = {t.id: t for t in resolve_trials(loaded.spec)}[args.trial]
+        result = train.train_trial(ctx, trial)
     except Interrupted as exc:
         log(f"rentune: {exc}")
         return EXIT_INTERRUPTED
     if me == 0:
-        store.put_bytes(train.WORKER_RESULT, dumps(result))
+        store.put_bytes(train.worker_result_key(args.trial), dumps(result))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # a clean teardown; DeepSpeed on gloo can abort without

@@ -31,8 +31,10 @@ from jobspec.schema import CheckpointPolicy, Training
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "DivergenceCallback",
     "FirstStepsCallback",
     "Interrupted",
+    "NonFiniteLoss",
     "ProgressCallback",
     "StoreCheckpointCallback",
     "build_trainer",
@@ -51,6 +53,30 @@ _NOT_COMMITTED = ("training_args.bin",)
 
 class Interrupted(RuntimeError):
     """Training stopped on SIGTERM; the newest committed checkpoint is where the next process resumes."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite: the trial diverged and is recorded as invalid."""
+
+
+class DivergenceCallback(TrainerCallback):
+    """Stops training at the first logged loss that is NaN or infinite (the Trainer's NaN filter is off, so
+    the logged loss is the real one; under DDP it is the mean over ranks, so every rank stops together)."""
+
+    def __init__(self):
+        self.bad_step: int | None = None
+        self.bad_loss: float | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss) and self.bad_step is None:
+            self.bad_step, self.bad_loss = state.global_step, loss
+            control.should_training_stop = True
+        return control
+
+    def raise_if_diverged(self) -> None:
+        if self.bad_step is not None:
+            raise NonFiniteLoss(f"training loss became {self.bad_loss} at step {self.bad_step}")
 
 
 def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
@@ -222,8 +248,10 @@ def build_trainer(
     callbacks: list[TrainerCallback],
     token_normalized_loss: bool,
     deepspeed: dict | None = None,
+    eval_features: list[dict] | None = None,
 ) -> Trainer:
-    """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody."""
+    """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody. With
+    `eval_features`, the eval loss is measured about 4 times during the run (for the loss curves)."""
     # Under torchrun each optimizer step consumes world_size microbatches x grad_accum.
     steps = planned_steps(training, len(train_features), world_size=int(os.environ.get("WORLD_SIZE", "1")))
     every = training.checkpoint.every_steps
@@ -252,7 +280,11 @@ def build_trainer(
         save_strategy="steps",
         save_steps=every or steps + 1,
         save_total_limit=None,
-        eval_strategy="no",
+        eval_strategy="steps" if eval_features else "no",
+        eval_steps=max(1, steps // 4),
+        per_device_eval_batch_size=training.eval_batch,
+        prediction_loss_only=True,
+        logging_nan_inf_filter=False,  # a NaN loss must show, not be averaged away (DivergenceCallback)
         report_to="none",
         disable_tqdm=True,
         label_names=["labels"],
@@ -264,6 +296,7 @@ def build_trainer(
         model=model,
         args=args,
         train_dataset=train_features,
+        eval_dataset=eval_features,
         data_collator=data_collator,
         callbacks=callbacks,
     )

@@ -122,7 +122,7 @@ def _format_error(err: Any, raw: dict) -> str:
     if kind == "missing":
         return f"{field}: missing; this field is required"
     message = err["msg"]
-    message = re.sub(r"^(Value error, |Input should be )", "", message)
+    message = re.sub(r"^(Value error, |Input should be |expected )+", "", message)
     got = err.get("input")
     shown = "" if isinstance(got, dict) else f", got {_short(repr(got))}"
     return f"{field}: expected {message[0].lower()}{message[1:]}{shown}"
@@ -145,9 +145,38 @@ def _allowed_keys(loc: list[str]) -> list[str]:
 
 
 def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
+    from jobspec.experiments import trial_errors
+
     errors = []
     if spec.adaptation.method == "full" and spec.adaptation.modules_to_save:
         errors.append(f"{source}: adaptation.modules_to_save: expected empty with method 'full' (all train)")
+    errors += [f"{source}: {line}" for line in trial_errors(spec)]
+    labels = spec.data.labels
+    for i, guardrail in enumerate(spec.guardrails):
+        name, _, part = guardrail.metric.partition("/")
+        known = GUARDRAIL_METRICS[spec.hypothesis.task]
+        if name not in known:
+            errors.append(
+                f"{source}: guardrails.{i}.metric: expected one of {', '.join(sorted(known))} (optionally /<name> or "
+                f"/*) for task {spec.hypothesis.task}, got {guardrail.metric!r}"
+            )
+        elif part and part != "*" and name in ("f1", "precision", "recall") and labels and part not in labels:
+            errors.append(f"{source}: guardrails.{i}.metric: expected a category of data.labels, got {part!r}")
     if errors:
         raise SpecError(errors)
     return spec
+
+
+# Metric families a guardrail may name, per task; `family/<name>` picks one category or field, `family/*` all.
+GUARDRAIL_METRICS = {
+    "classification": {"accuracy", "macro_f1", "micro_f1", "f1", "precision", "recall"},
+    "format": {"format_valid_rate", "json_valid_rate", "schema_valid_rate", "regex_match_rate"},
+    "extraction": {
+        "json_valid_rate",
+        "required_present_rate",
+        "field_accuracy",
+        "field_accuracy_normalized",
+        "extra_field_rate",
+        "type_error_rate",
+    },
+}

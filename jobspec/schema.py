@@ -8,7 +8,7 @@ This module imports no torch, so `rentune validate` and `rentune schema` run any
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,16 +17,20 @@ __all__ = [
     "CheckpointPolicy",
     "Data",
     "Distribution",
+    "Experiment",
+    "Guardrail",
     "Hypothesis",
     "Job",
     "JobSpec",
     "LeakPolicy",
     "MaxChars",
     "Model",
+    "OutputFormat",
     "Rental",
     "SplitFiles",
     "SplitPolicy",
     "Store",
+    "TASK_METRICS",
     "Training",
 ]
 
@@ -76,19 +80,116 @@ class Job(_Section):
     description: str = Field("", max_length=2000)
 
 
+# The primary metrics a hypothesis may name, per task (every other computed metric can be a guardrail).
+TASK_METRICS = {
+    "classification": ("macro_f1", "micro_f1", "accuracy"),
+    "format": ("format_valid_rate", "json_valid_rate", "schema_valid_rate", "regex_match_rate"),
+    "extraction": ("field_accuracy", "field_accuracy_normalized", "required_present_rate", "json_valid_rate"),
+}
+
+
+class OutputFormat(_Section):
+    """Format adherence: what a valid response looks like. Every check given must pass."""
+
+    expect_json: bool = Field(True, description="The whole response must parse as JSON.")
+    json_schema: dict | None = Field(None, description="A JSON Schema the parsed response must match.")
+    regex: str | None = Field(None, max_length=2000, description="A regular expression the whole response matches.")
+
+    @model_validator(mode="after")
+    def _checkable(self) -> OutputFormat:
+        if self.json_schema is not None and not self.expect_json:
+            raise ValueError("expected expect_json: true with a json_schema (the schema applies to the parsed JSON)")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"expected regex to be a valid regular expression ({exc})") from None
+        if self.json_schema is not None:
+            from jsonschema import SchemaError
+            from jsonschema.validators import validator_for
+
+            try:
+                validator_for(self.json_schema).check_schema(self.json_schema)
+            except SchemaError as exc:
+                raise ValueError(f"expected json_schema to be a valid JSON Schema ({exc.message})") from None
+        if not self.expect_json and self.regex is None:
+            raise ValueError("expected at least one check: expect_json: true or a regex")
+        return self
+
+
 class Hypothesis(_Section):
     task: Literal["classification", "format", "extraction"] = Field(
         description="The behaviour to improve: domain classification, response-format adherence or "
         "structured extraction."
     )
     statement: str = Field(min_length=1, max_length=2000, description="The claim, in one sentence.")
-    metric: Literal["macro_f1", "micro_f1", "accuracy"] = "macro_f1"
+    metric: str | None = Field(
+        None,
+        description="The primary metric (default: macro_f1, format_valid_rate or field_accuracy by task). "
+        + "; ".join(f"{task}: {', '.join(names)}" for task, names in TASK_METRICS.items()),
+    )
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="Smallest gain of `metric` over the baseline that counts.")
     label_descriptions: dict[str, str] = Field(
         default_factory=dict,
         description="Optional words per category; the zero-shot baseline compares texts to these "
         "(default: the label name itself).",
     )
+    format: OutputFormat | None = Field(None, description="task format: what a valid response looks like.")
+    required_fields: list[str] = Field(
+        default_factory=list, description="task extraction: fields every response must contain."
+    )
+    fields: list[str] | None = Field(
+        None, description="task extraction: fields scored for accuracy (default: every field in the gold responses)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_metric(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("metric") is None and data.get("task") in TASK_METRICS:
+            return {**data, "metric": TASK_METRICS[data["task"]][0]}
+        return data
+
+    @model_validator(mode="after")
+    def _fits_task(self) -> Hypothesis:
+        if self.metric not in TASK_METRICS[self.task]:
+            raise ValueError(f"expected metric to be one of {', '.join(TASK_METRICS[self.task])} for task {self.task}")
+        if self.task == "format" and self.format is None:
+            raise ValueError("expected a `format:` section (expect_json, json_schema and/or regex) for task format")
+        if self.task != "format" and self.format is not None:
+            raise ValueError(f"expected no `format:` section for task {self.task}")
+        if self.task == "extraction" and not self.required_fields:
+            raise ValueError("expected required_fields (at least one) for task extraction")
+        if self.task != "extraction" and (self.required_fields or self.fields):
+            raise ValueError(f"expected no required_fields/fields for task {self.task}")
+        return self
+
+
+class Guardrail(_Section):
+    """What must not degrade: the trial's value may be at most `tolerance` worse than the baseline's."""
+
+    metric: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_]+(/[^/\s]+)?$",
+        description="A computed metric, e.g. f1/* (every category on its own), f1/billing, format_valid_rate, "
+        "required_present_rate, field_accuracy/<field>. `/*` expands to every category or field.",
+    )
+    tolerance: float = Field(0.0, ge=0.0, le=1.0, description="How much worse than the baseline is still a pass.")
+
+
+class Experiment(_Section):
+    """A variant: one explained change against a reference trial (`main` is the spec's own settings)."""
+
+    id: str = Field(pattern=_JOB_ID, description="Trial id, used in the store under trials/<id>/.")
+    reference: str = Field("main", description="The trial this variant is compared with: main or an earlier id.")
+    changes: list[str] = Field(
+        min_length=1,
+        description="The parameters this variant changes, e.g. [training.learning_rate]; nothing else "
+        "may differ from the reference.",
+    )
+    rationale: str = Field(min_length=1, max_length=300, pattern=r"^[^\n]+$", description="Why, in one line.")
+    training: dict[str, Any] = Field(default_factory=dict, description="Training settings that differ.")
+    adaptation: dict[str, Any] = Field(default_factory=dict, description="Adaptation settings that differ.")
 
 
 class Model(_Section):
@@ -107,6 +208,9 @@ class Model(_Section):
         "local", max_length=200, description="Recorded in BINDING.json; with hub_id, the pinned 40-hex commit."
     )
     max_length: int = Field(128, ge=8, le=32768, description="Tokens per example; longer is truncated.")
+    max_new_tokens: int = Field(
+        128, ge=1, le=8192, description="Causal LM: tokens generated per eval example (greedy decoding)."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Model:
@@ -282,6 +386,9 @@ class JobSpec(_Section):
 
     job: Job
     hypothesis: Hypothesis
+    guardrails: list[Guardrail] = Field(
+        default_factory=list, description="What must not degrade against the baseline, each with its tolerance."
+    )
     model: Model
     data: Data
     adaptation: Adaptation = Field(default_factory=Adaptation)
@@ -289,3 +396,6 @@ class JobSpec(_Section):
     distribution: Distribution = Field(default_factory=Distribution)
     rental: Rental = Field(default_factory=Rental)
     store: Store = Field(default_factory=Store)
+    experiments: list[Experiment] = Field(
+        default_factory=list, max_length=100, description="Variants trained after `main`, each against a reference."
+    )

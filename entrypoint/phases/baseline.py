@@ -1,56 +1,69 @@
-"""Baseline phase: the untouched base model on the eval split, before any training.
+"""Baseline phase: the untouched base model on the eval split, before any training (never the test split,
+which stays sealed until one trial is chosen).
 
-A fresh classification head would only measure its random initialisation, so the baseline for an
-encoder is zero-shot: each text gets the category whose description embeds closest to it. Per-example
-outputs, metrics and the full eval config are stored, so later comparisons can be audited.
+For an encoder, a fresh classification head would only measure its random initialisation, so the
+baseline is zero-shot: each text gets the category whose description embeds closest to it. For a causal
+LM, the untouched model generates a response to each prompt with the same decoding every trial uses.
+Per-example outputs, metrics and the full eval config are stored, so later comparisons can be audited.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from transformers import AutoTokenizer
 
 from entrypoint.classify import zero_shot_labels
 from entrypoint.context import PhaseContext, to_jsonl
-from entrypoint.metrics import METRICS_VERSION, classification_report
-from entrypoint.model import hash_base_model, load_encoder, resolve_model_dir
+from entrypoint.evaluation import eval_config, predict, score
+from entrypoint.model import hash_base_model, load_causal_lm, load_encoder, resolve_model_dir
+from entrypoint.preprocess import is_causal, prepare_tokenizer
 
-__all__ = ["run"]
+__all__ = ["baseline_outputs", "run"]
 
 
-def run(ctx: PhaseContext) -> dict:
-    folder = resolve_model_dir(ctx.spec.model)
-    labels = ctx.labels
-    rows = ctx.read_split("eval")
-    described = ctx.spec.hypothesis.label_descriptions
+def baseline_outputs(ctx: PhaseContext, rows: Sequence[dict]) -> tuple[list[str], dict]:
+    """The untouched model's output for each row, and how it was obtained (added to the eval config)."""
+    spec, labels = ctx.spec, ctx.labels
+    folder = resolve_model_dir(spec.model)
+    causal = is_causal(spec)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    if causal:
+        return predict(load_causal_lm(folder), tokenizer, rows, spec, labels, ctx.device), {
+            "method": "untouched_model_generation"
+        }
+    described = spec.hypothesis.label_descriptions
     label_texts = [described.get(label, label.replace("_", " ")) for label in labels]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    encoder = load_encoder(folder)
-    predicted = zero_shot_labels(
-        encoder,
+    outputs = zero_shot_labels(
+        load_encoder(folder),
         tokenizer,
         [r["text"] for r in rows],
         label_texts,
         labels,
-        ctx.spec.model.max_length,
-        ctx.spec.training.eval_batch,
+        spec.model.max_length,
+        spec.training.eval_batch,
         ctx.device,
     )
-    report = classification_report([r["label"] for r in rows], predicted, labels)
-    config = {
+    return outputs, {
         "method": "zero_shot_similarity",
         "pooling": "mean",
         "label_texts": dict(zip(labels, label_texts, strict=True)),
-        "split": "eval",
-        "data_version": ctx.read_json("phases/data/result.json")["data_version"],
-        "base_model_sha256": hash_base_model(folder).sha256,
-        "max_length": ctx.spec.model.max_length,
-        "metrics_version": METRICS_VERSION,
     }
+
+
+def run(ctx: PhaseContext) -> dict:
+    rows = ctx.read_split("eval")
+    outputs, method = baseline_outputs(ctx, rows)
+    report = score(ctx.spec, rows, outputs, ctx.labels)
+    base_sha = hash_base_model(resolve_model_dir(ctx.spec.model)).sha256
+    data_version = ctx.read_json("phases/data/result.json")["data_version"]
+    config = {**eval_config(ctx.spec, "eval", data_version, base_sha), "baseline": method}
     ctx.store.put_bytes(
         "phases/baseline/predictions.jsonl",
-        to_jsonl({**row, "predicted": p} for row, p in zip(rows, predicted, strict=True)),
+        to_jsonl({**row, "output": o} for row, o in zip(rows, outputs, strict=True)),
     )
     ctx.write_json("phases/baseline/eval_config.json", config)
     ctx.write_json("phases/baseline/metrics.json", report)
-    ctx.log(f"baseline: zero-shot macro-F1 {report['macro_f1']:.3f} on {report['n']} eval examples")
-    return {"metrics": report, "eval_config": config}
+    metric = ctx.spec.hypothesis.metric
+    ctx.log(f"baseline: {method['method']} {metric} {report['metrics'][metric]:.3f} on {report['n']} eval examples")
+    return {"metrics": report["metrics"], "eval_config": config}

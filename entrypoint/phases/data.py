@@ -27,6 +27,7 @@ from entrypoint.dataio import DataError, read_source, rows_from_jsonl
 from entrypoint.inspection import build_inspection, length_stats, to_markdown
 from entrypoint.leakcheck import LEAKCHECK_VERSION, find_leaks
 from entrypoint.model import build_model, resolve_model_dir
+from entrypoint.phases.test import check_seal
 from entrypoint.preprocess import (
     PREPROCESS_VERSION,
     collator,
@@ -220,6 +221,7 @@ def run(ctx: PhaseContext) -> dict:
         **({"template": data.template} if causal else {}),
     }
     version = data_version(splits, recipe)
+    check_seal(ctx, hashlib.sha256(to_jsonl(splits["test"])).hexdigest())  # before any compute is spent
     for name, rows in splits.items():
         ctx.store.put_bytes(f"phases/data/{name}.jsonl", to_jsonl(rows))
 

@@ -1,6 +1,15 @@
-"""Evaluate phase: reload the committed weights from the store, as a fresh consumer would, and measure
-them on the eval split with the same metrics as the baseline. The predictions must agree with those the
-trainer recorded at the end of training, or the committed weights are not what was trained."""
+"""Evaluate phase: every completed trial, reloaded from the store as a fresh consumer would, measured on the
+eval split with one procedure (entrypoint/evaluation.py); then the guardrails and the selection.
+
+    for each completed trial:
+        download trials/<id>/final, reload (base + adapter), predict the eval split
+        the outputs must agree with those recorded at the end of training (else the weights are not what
+        was trained); store outputs, metrics and the eval config under trials/<id>/eval/
+    guardrails of each trial against the baseline; the primary metric's gain
+    select: the best primary metric among trials that pass every guardrail (eval split only)
+
+The sealed test split is not touched here: the test phase opens it once, for the selected trial.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +17,16 @@ import shutil
 
 from transformers import AutoTokenizer
 
-from entrypoint.classify import predict_labels
 from entrypoint.context import PhaseContext, read_jsonl, to_jsonl
-from entrypoint.metrics import METRICS_VERSION, classification_report
-from entrypoint.model import load_trained, resolve_model_dir
-from entrypoint.phases.train import TRIAL_ID
+from entrypoint.evaluation import eval_config, predict, score
+from entrypoint.model import hash_base_model, load_trained, resolve_model_dir
+from entrypoint.preprocess import is_causal
 from entrypoint.store import get_tree
+from entrypoint.verdict import check_guardrails, hypothesis_verdict
 
-__all__ = ["MAX_DISAGREEMENT", "EvaluationMismatch", "run"]
+__all__ = ["MAX_DISAGREEMENT", "EvaluationMismatch", "NoValidTrial", "evaluate_trial", "run"]
 
-# Share of eval examples whose label may flip between the trainer's in-memory model and the reloaded
+# Share of eval examples whose output may differ between the trainer's in-memory model and the reloaded
 # one. Non-zero only because GPU kernels are not bit-reproducible; on CPU the observed share is 0.
 MAX_DISAGREEMENT = 0.01
 
@@ -26,53 +35,79 @@ class EvaluationMismatch(RuntimeError):
     """The reloaded weights predict differently from the model at the end of training."""
 
 
+class NoValidTrial(RuntimeError):
+    """Every trial was invalid: there is nothing to select, test or export."""
+
+
+def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[dict], list[str], dict]:
+    """Reload a trial's committed weights from the store and predict `split`. Returns rows, outputs, report."""
+    spec = ctx.spec
+    record = ctx.read_json(f"trials/{trial_id}/result.json")
+    weights = ctx.workdir / "evaluate" / trial_id
+    shutil.rmtree(weights, ignore_errors=True)
+    get_tree(ctx.store, f"trials/{trial_id}/final", weights)
+    method = record["settings"]["adaptation"]["method"]
+    model = load_trained(resolve_model_dir(spec.model), weights, ctx.labels, method, is_causal(spec))
+    tokenizer = AutoTokenizer.from_pretrained(weights)
+    rows = ctx.read_split(split)
+    outputs = predict(model, tokenizer, rows, spec, ctx.labels, ctx.device)
+    return rows, outputs, score(spec, rows, outputs, ctx.labels)
+
+
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
-    labels = ctx.labels
-    base = resolve_model_dir(spec.model)
-    weights = ctx.workdir / "evaluate" / TRIAL_ID
-    shutil.rmtree(weights, ignore_errors=True)
-    get_tree(ctx.store, f"trials/{TRIAL_ID}/final", weights)
-    model = load_trained(base, weights, labels, spec.adaptation.method)
-    tokenizer = AutoTokenizer.from_pretrained(weights)
-
-    rows = ctx.read_split("eval")
-    predicted = predict_labels(
-        model,
-        tokenizer,
-        [r["text"] for r in rows],
-        labels,
-        spec.model.max_length,
-        spec.training.eval_batch,
-        ctx.device,
-    )
-    at_end = [
-        r["predicted"] for r in read_jsonl(ctx.store.get_bytes(f"trials/{TRIAL_ID}/eval_predictions_at_end.jsonl"))
-    ]
-    disagree = sum(a != b for a, b in zip(predicted, at_end, strict=True))
-    if disagree > MAX_DISAGREEMENT * len(rows):
-        raise EvaluationMismatch(
-            f"evaluate: the weights reloaded from the store disagree with the trained model on {disagree} of "
-            f"{len(rows)} eval examples (allowed: {MAX_DISAGREEMENT:.0%}); the checkpoint is not trustworthy"
+    trials = ctx.read_json("phases/train/result.json")["trials"]
+    base_sha = hash_base_model(resolve_model_dir(spec.model)).sha256
+    data_version = ctx.read_json("phases/data/result.json")["data_version"]
+    config = eval_config(spec, "eval", data_version, base_sha)
+    baseline = ctx.read_json("phases/baseline/metrics.json")["metrics"]
+    results = {}
+    for trial_id, summary in trials.items():
+        if summary["status"] != "completed":
+            results[trial_id] = {"status": summary["status"], "reason": summary["reason"]}
+            continue
+        rows, outputs, report = evaluate_trial(ctx, trial_id, "eval")
+        at_end = [r["output"] for r in read_jsonl(ctx.store.get_bytes(f"trials/{trial_id}/eval_outputs_at_end.jsonl"))]
+        disagree = sum(a != b for a, b in zip(outputs, at_end, strict=True))
+        if disagree > MAX_DISAGREEMENT * len(rows):
+            raise EvaluationMismatch(
+                f"evaluate: trial {trial_id}: the weights reloaded from the store disagree with the trained model "
+                f"on {disagree} of {len(rows)} eval examples (allowed: {MAX_DISAGREEMENT:.0%}); the checkpoint is "
+                "not trustworthy"
+            )
+        prefix = f"trials/{trial_id}/eval"
+        ctx.store.put_bytes(
+            f"{prefix}/predictions.jsonl", to_jsonl({**row, "output": o} for row, o in zip(rows, outputs, strict=True))
         )
-    report = classification_report([r["label"] for r in rows], predicted, labels)
-    baseline = ctx.read_json("phases/baseline/metrics.json")
-    ctx.store.put_bytes(
-        "phases/evaluate/predictions.jsonl",
-        to_jsonl({**row, "predicted": p} for row, p in zip(rows, predicted, strict=True)),
+        ctx.write_json(f"{prefix}/metrics.json", report)
+        ctx.write_json(f"{prefix}/eval_config.json", config)
+        guardrails = check_guardrails(spec.guardrails, baseline, report["metrics"])
+        verdict = hypothesis_verdict(spec.hypothesis, baseline, report["metrics"])
+        results[trial_id] = {
+            "status": "completed",
+            "metrics": report["metrics"],
+            "hypothesis": verdict,
+            "guardrails": guardrails,
+            "guardrails_passed": all(g["passed"] for g in guardrails),
+            "disagreements_with_training_end": disagree,
+        }
+        failed = [g["metric"] for g in guardrails if not g["passed"]]
+        ctx.log(
+            f"evaluate: {trial_id}: {verdict['metric']} {verdict['trial']:.3f} (baseline {verdict['baseline']:.3f}, "
+            f"{verdict['gain']:+.3f}); guardrails {'pass' if not failed else 'FAIL: ' + ', '.join(failed)}"
+        )
+    completed = [t for t, r in results.items() if r["status"] == "completed"]
+    if not completed:
+        reasons = "; ".join(f"{t}: {r['status']} ({r['reason']})" for t, r in results.items())
+        raise NoValidTrial(f"evaluate: no trial completed, nothing to select: {reasons}")
+    safe = [t for t in completed if results[t]["guardrails_passed"]]
+    pool = safe or completed
+    metric = spec.hypothesis.metric
+    selected = max(pool, key=lambda t: (results[t]["metrics"][metric], -completed.index(t)))
+    why = (
+        f"highest {metric} on eval among trials passing every guardrail"
+        if safe
+        else f"no trial passes every guardrail; highest {metric} on eval"
     )
-    ctx.write_json("phases/evaluate/metrics.json", report)
-    ctx.log(
-        f"evaluate: macro-F1 {report['macro_f1']:.3f} (baseline {baseline['macro_f1']:.3f}) on {len(rows)} examples"
-    )
-    return {
-        "trial_id": TRIAL_ID,
-        "metrics": report,
-        "baseline_macro_f1": baseline["macro_f1"],
-        "disagreements_with_training_end": disagree,
-        "eval_config": {
-            "split": "eval",
-            "metrics_version": METRICS_VERSION,
-            "max_length": spec.model.max_length,
-        },
-    }
+    ctx.log(f"evaluate: selected trial {selected} ({why})")
+    return {"trials": results, "selected": selected, "selection": why, "eval_config": config}

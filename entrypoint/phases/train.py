@@ -1,10 +1,18 @@
-"""Train phase: fit the adapter (or the full model) on the train split with the HF Trainer.
+"""Train phase: every trial in spec order (`main`, then each variant of `experiments:`), each with the HF
+Trainer.
+
+    for trial in trials:                          # jobspec/experiments.py resolves and checks them
+        if trials/<id>/result.json exists: skip   # committed by an earlier process
+        train it (in this process, or in torchrun workers), resuming from its newest committed checkpoint
+        put trials/<id>/result.json               # completed | invalid, with the reason
 
 Checkpoints are committed to the store during training (every N steps and/or minutes, on SIGTERM and at
 the end). A process that starts this phase again, on any node, resumes from the newest checkpoint that
 verifies, with optimizer, scheduler, RNG states and data position, so the run continues as if never
-stopped. At the end the trained weights and the eval predictions they give are committed, for the
-evaluate phase to check against.
+stopped. A trial whose settings cannot train (out of memory, NaN loss, a module LoRA cannot find) is
+recorded as invalid with its reason and the next trial runs: it is never dropped from the results.
+At the end of a trial the trained weights and the eval outputs they give are committed, for the evaluate
+phase to check against.
 """
 
 from __future__ import annotations
@@ -14,33 +22,112 @@ import shutil
 from transformers import AutoTokenizer, set_seed
 
 from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
-from entrypoint.classify import predict_labels
-from entrypoint.context import PhaseContext, to_jsonl
+from entrypoint.context import PhaseContext, dumps, to_jsonl
 from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
 from entrypoint.envinfo import environment, platform_summary
+from entrypoint.evaluation import predict
+from entrypoint.memory import is_oom
 from entrypoint.model import adaptation_summary, build_model, hash_base_model, load_trained, resolve_model_dir
 from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
-from entrypoint.store import put_tree
+from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.trainer import (
     EXIT_INTERRUPTED,
+    DivergenceCallback,
     FirstStepsCallback,
     Interrupted,
+    NonFiniteLoss,
     ProgressCallback,
     StoreCheckpointCallback,
     build_trainer,
     graceful_sigterm,
+    planned_steps,
 )
+from jobspec.experiments import MAIN, Trial, resolve_trials, trial_spec
 
-__all__ = ["TRIAL_ID", "WORKER_RESULT", "run"]
-
-TRIAL_ID = "main"  # one trial until the spec grows `experiments:`
-WORKER_RESULT = f"trials/{TRIAL_ID}/train_result.json"  # written by torchrun's rank 0 for the launcher
+__all__ = ["InvalidTrial", "run", "train_trial", "trial_result_key", "worker_result_key"]
 
 
-def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
+class InvalidTrial(RuntimeError):
+    """This trial's settings cannot train; recorded with the reason, and the job goes on with the next."""
+
+
+def trial_result_key(trial_id: str) -> str:
+    return f"trials/{trial_id}/result.json"
+
+
+def worker_result_key(trial_id: str) -> str:
+    """Written by torchrun's rank 0 for the launching process."""
+    return f"trials/{trial_id}/train_result.json"
+
+
+def run(ctx: PhaseContext) -> dict:
+    trials = resolve_trials(ctx.spec)
+    n_train = len(ctx.read_split("train"))
+    summary = {}
+    for trial in trials:
+        key = trial_result_key(trial.id)
+        try:
+            record = ctx.read_json(key)
+            ctx.log(f"train: trial {trial.id} already {record['status']}, skipping")
+        except ObjectNotFound:
+            ctx.log(f"train: trial {trial.id}" + (f" ({trial.rationale})" if trial.reference else ""))
+            record = _run_trial(ctx, trial, trials[0], n_train)
+            try:
+                ctx.store.put_if_absent(key, dumps(record))
+            except ObjectExists:  # another process committed this trial meanwhile; theirs stands
+                record = ctx.read_json(key)
+        summary[trial.id] = {k: record.get(k) for k in ("status", "reason", "steps", "budget")}
+    return {"trials": summary, "order": [t.id for t in trials]}
+
+
+def _world(ctx: PhaseContext) -> int:
+    return ctx.spec.distribution.nproc_per_node * ctx.spec.distribution.nnodes
+
+
+def _examples(trial: Trial, n_train: int, world: int) -> int:
+    """Training examples a trial's plan processes: optimizer steps x global batch."""
+    t = trial.training
+    return planned_steps(t, n_train, world) * t.microbatch * t.grad_accum * world
+
+
+def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> dict:
+    record = {
+        "trial_id": trial.id,
+        "reference": trial.reference,
+        "changes": list(trial.changes),
+        "rationale": trial.rationale,
+        "settings": {"adaptation": trial.adaptation.model_dump(), "training": trial.training.model_dump()},
+    }
+    try:
+        outcome = _launch(ctx, trial) if needs_launch(ctx.spec.distribution) else train_trial(ctx, trial)
+    except Interrupted:
+        raise
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        outcome = {"status": "invalid", "reason": f"out of memory: {exc}"}
+    record.update(outcome)
+    if outcome["status"] != "completed":
+        ctx.log(f"train: trial {trial.id} is {outcome['status']}: {outcome['reason']}")
+    world = _world(ctx)
+    t = trial.training
+    reference, planned = _examples(main, n_train, world), _examples(trial, n_train, world)
+    done = outcome.get("steps", 0) * t.microbatch * t.grad_accum * world
+    status = "exceeds" if planned > reference else "short" if min(planned, done) < reference else "within"
+    record["budget"] = {
+        "reference_examples": reference,
+        "planned_examples": planned,
+        "done_examples": done,
+        "status": status,
+        "unit": "training examples processed (optimizer steps x microbatch x grad_accum x processes)",
+    }
+    return record
+
+
+def _checkpoint_meta(ctx: PhaseContext, trial_id: str, base_sha256: str) -> dict:
     env = environment()
     return {
-        "trial_id": TRIAL_ID,
+        "trial_id": trial_id,
         "spec_sha256": ctx.spec_sha256,
         "data_version": ctx.read_json("phases/data/result.json")["data_version"],
         "base_model_sha256": base_sha256,
@@ -48,33 +135,47 @@ def _checkpoint_meta(ctx: PhaseContext, base_sha256: str) -> dict:
     }
 
 
-def _launch(ctx: PhaseContext) -> dict:
-    """Run this phase in `nproc_per_node` torchrun workers and return rank 0's result."""
+def _launch(ctx: PhaseContext, trial: Trial) -> dict:
+    """Run this trial in `nproc_per_node` torchrun workers and return rank 0's result."""
     distribution = ctx.spec.distribution
-    ctx.store.delete(WORKER_RESULT)
+    ctx.store.delete(worker_result_key(trial.id))
     shutil.rmtree(ctx.workdir / "workers", ignore_errors=True)
-    command = torchrun_command(distribution, [*ctx.store_args, "--workdir", str(ctx.workdir / "workers")])
+    worker_args = [*ctx.store_args, "--workdir", str(ctx.workdir / "workers"), "--trial", trial.id]
+    command = torchrun_command(distribution, worker_args)
     ctx.log(f"train: launching {distribution.nproc_per_node} x {distribution.nnodes} processes with torchrun")
     code, terminated = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
     if terminated or code == EXIT_INTERRUPTED:
         raise Interrupted(f"train: torchrun workers stopped on SIGTERM (exit {code}); resume continues from the store")
     if code != 0:
         raise RuntimeError(f"train: torchrun exited with code {code}; the workers' output above says why")
-    result = ctx.read_json(WORKER_RESULT)
+    result = ctx.read_json(worker_result_key(trial.id))
     return {**result, "launcher": "torchrun", "processes": distribution.nproc_per_node * distribution.nnodes}
 
 
-def run(ctx: PhaseContext) -> dict:
-    spec = ctx.spec
-    if needs_launch(spec.distribution):
-        return _launch(ctx)
+def train_trial(ctx: PhaseContext, trial: Trial) -> dict:
+    """Train one trial to its planned end and commit its weights. Returns its record: status `completed`,
+    or `invalid` with the reason (NaN loss, settings the model cannot take). Raises Interrupted on SIGTERM
+    (after committing a checkpoint when the grace allowed)."""
+    try:
+        return _train(ctx, trial)
+    except (NonFiniteLoss, InvalidTrial) as exc:
+        return {"status": "invalid", "reason": str(exc)}
+
+
+def _train(ctx: PhaseContext, trial: Trial) -> dict:
+    spec = trial_spec(ctx.spec, trial)
     set_seed(spec.training.seed)
     folder = resolve_model_dir(spec.model)
     labels = ctx.labels
     causal = is_causal(spec)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
-    model = build_model(folder, causal, labels, spec.adaptation)
+    try:
+        model = build_model(folder, causal, labels, spec.adaptation)
+    except ValueError as exc:  # e.g. peft: target modules not found in the base model
+        raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
     features = [e.features for e in encode_rows(tokenizer, ctx.read_split("train"), spec, labels)]
+    eval_rows = ctx.read_split("eval")
+    eval_features = [e.features for e in encode_rows(tokenizer, eval_rows, spec, labels)]
     adaptation = adaptation_summary(model)
     trainable, total = adaptation["trainable_parameters"], adaptation["total_parameters"]
     ctx.log(
@@ -82,9 +183,9 @@ def run(ctx: PhaseContext) -> dict:
         f"{len(adaptation['lora_modules'])} LoRA modules, saved in full: {adaptation['modules_to_save'] or 'none'})"
     )
 
-    meta = _checkpoint_meta(ctx, hash_base_model(folder).sha256)
-    prefix = checkpoint_prefix(TRIAL_ID)
-    out = ctx.workdir / "trials" / TRIAL_ID  # shared by the ranks of one node under torchrun
+    meta = _checkpoint_meta(ctx, trial.id, hash_base_model(folder).sha256)
+    prefix = checkpoint_prefix(trial.id)
+    out = ctx.workdir / "trials" / trial.id  # shared by the ranks of one node under torchrun
     if not is_worker():
         shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
     resume_dir = out / f"resume-rank{rank()}"
@@ -106,6 +207,7 @@ def run(ctx: PhaseContext) -> dict:
         saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
         zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
+        divergence = DivergenceCallback()
         trainer = build_trainer(
             model,
             collator(tokenizer, causal),
@@ -113,13 +215,15 @@ def run(ctx: PhaseContext) -> dict:
             spec.training,
             out / "trainer",
             ctx.device.type == "cpu",
-            [ProgressCallback(ctx.log), saver, first_steps],
+            [ProgressCallback(ctx.log), saver, first_steps, divergence],
             token_normalized_loss=causal,
             deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
             if spec.distribution.strategy == "deepspeed"
             else None,
+            eval_features=eval_features,
         )
         outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+        divergence.raise_if_diverged()
         if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
             raise Interrupted(
                 f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
@@ -131,40 +235,38 @@ def run(ctx: PhaseContext) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     tokenizer.save_pretrained(final)
-    keys = put_tree(ctx.store, f"trials/{TRIAL_ID}/final", final)
+    keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
 
     # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
-    model = trainer.model if not is_worker() else load_trained(folder, final, labels, spec.adaptation.method)
-    eval_rows = ctx.read_split("eval")
-    predicted = predict_labels(
-        model,
-        tokenizer,
-        [r["text"] for r in eval_rows],
-        labels,
-        spec.model.max_length,
-        spec.training.eval_batch,
-        ctx.device,
-    )
-    ctx.store.put_bytes(
-        f"trials/{TRIAL_ID}/eval_predictions_at_end.jsonl", to_jsonl({"predicted": p} for p in predicted)
-    )
+    model = trainer.model if not is_worker() else load_trained(folder, final, labels, spec.adaptation.method, causal)
+    outputs = predict(model, tokenizer, eval_rows, spec, labels, ctx.device)
+    ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
     probe_peak = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
+    # The probe measured main's settings; its prediction applies to a variant only if they match there.
+    probed = trial.id == MAIN or all(
+        getattr(trial.training, f) == getattr(ctx.spec.training, f)
+        for f in ("microbatch", "activation_checkpointing", "precision")
+    )
+    history = trainer.state.log_history
     return {
-        "trial_id": TRIAL_ID,
+        "status": "completed",
+        "reason": None,
         "world_size": trainer.args.world_size,
         "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()}
         if first_steps.check
         else {"passed": None, "skipped": "ZeRO-3 partitions parameters; the probe's check covers the model"},
         "memory": {
             "first_steps_peak_bytes": first_steps.peak_bytes,
-            "probe_predicted_peak_bytes": probe_peak,
-            "actual_over_predicted": first_steps.peak_bytes / probe_peak if first_steps.peak_bytes else None,
+            "probe_predicted_peak_bytes": probe_peak if probed else None,
+            "actual_over_predicted": first_steps.peak_bytes / probe_peak if first_steps.peak_bytes and probed else None,
         },
         "steps": trainer.state.global_step,
+        "planned_steps": trainer.state.max_steps,
         "resumed_from_step": resume.step if resume else None,
         "platform_change": platform_change,
         "train_loss": outcome.training_loss,
-        "losses": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
+        "losses": [{"step": e["step"], "loss": e["loss"]} for e in history if "loss" in e],
+        "eval_losses": [{"step": e["step"], "loss": e["eval_loss"]} for e in history if "eval_loss" in e],
         "checkpoints_committed": saver.committed,
         "adaptation": adaptation,
         "weights": keys,

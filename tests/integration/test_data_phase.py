@@ -43,7 +43,8 @@ def _write(path: Path, rows: list[dict]) -> str:
 def _spec(model: Path, data: dict, task: str = "classification", **training) -> dict:
     return {
         "job": {"id": "data-test"},
-        "hypothesis": {"task": task, "statement": "data checks"},
+        "hypothesis": {"task": task, "statement": "data checks"}
+        | ({"format": {"expect_json": False, "regex": ".+"}} if task == "format" else {}),
         "model": {"path": str(model), "max_length": 48},
         "data": data,
         "training": {"microbatch": 4, "device": "cpu", **training},

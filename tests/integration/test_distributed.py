@@ -87,7 +87,7 @@ def test_two_processes_checkpoint_stop_and_resume_in_a_fresh_launch(tmp_path, be
     second = _start(spec, tmp_path / "node-b")
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out[-3000:]
-    result = json.loads((tmp_path / "store/jobs/dist/phases/train/result.json").read_text())
+    result = json.loads((tmp_path / "store/jobs/dist/trials/main/result.json").read_text())
     assert result["world_size"] == 2 and result["launcher"] == "torchrun"
     assert result["resumed_from_step"] == stopped_at["step"] and result["steps"] == 150
     assert (tmp_path / "store/jobs/dist/trials/main/final/adapter_model.safetensors").exists()

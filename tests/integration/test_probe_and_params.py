@@ -159,7 +159,8 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
         ]
         rows, labels, model, causal = [{**r, "label": "all"} for r in rows], ["all"], llama, True
     spec = _classification_spec(model)
-    spec["hypothesis"]["task"] = "classification" if task == "classification" else "format"
+    if task != "classification":
+        spec["hypothesis"].update({"task": "format", "format": {"expect_json": False, "regex": ".+"}})
     spec["adaptation"]["target_modules"] = ["query", "value"] if task == "classification" else ["q_proj", "v_proj"]
     # No clipping: clipping both updates to the same norm would hide a gradient scaled by the accumulation.
     common = {"max_steps": 1, "optimizer": "sgd", "learning_rate": 0.5, "seed": 11, "max_grad_norm": 0}

@@ -107,7 +107,7 @@ def reference(tmp_path_factory, tiny_model, s3_server):
     code, out = _finish(_start(_spec(tmp, tiny_model, s3_server, bucket), tmp / "work"))
     assert code == 0, out[-4000:]
     job = _job(s3_server, bucket)
-    result = json.loads(job.get_bytes("phases/train/result.json"))
+    result = json.loads(job.get_bytes("trials/main/result.json"))
     assert [e["step"] for e in result["losses"]] == list(range(1, MAX_STEPS + 1))
     return _final_weights(job, tmp), result["losses"]
 
@@ -127,7 +127,7 @@ def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_s
     (tmp_path / "node-b").mkdir()  # another "node": nothing local survives
     code, out = _finish(_start(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
-    result = json.loads(job.get_bytes("phases/train/result.json"))
+    result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["resumed_from_step"] is not None and 2 * EVERY <= result["resumed_from_step"] < MAX_STEPS
     assert "train: resuming from committed checkpoint step" in out
     ref_weights, ref_losses = reference
@@ -170,7 +170,7 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     code, out = _finish(_start(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
     ref_weights, ref_losses = reference
-    result = json.loads(job.get_bytes("phases/train/result.json"))
+    result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["losses"] == ref_losses
     assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
     weights = _final_weights(job, tmp_path)

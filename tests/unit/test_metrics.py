@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.metrics import classification_report, format_side_by_side
+from entrypoint.metrics import classification_report
 
 
 def test_per_category_numbers_by_hand():
@@ -29,8 +29,16 @@ def test_length_mismatch_raises():
         classification_report(["a"], [], ["a"])
 
 
-def test_side_by_side_shows_change():
-    before = classification_report(["a", "b"], ["a", "a"], ["a", "b"])
-    after = classification_report(["a", "b"], ["a", "b"], ["a", "b"])
-    table = format_side_by_side(before, after, ["a", "b"])
-    assert "b" in table and "+1.000" in table and "macro_f1" in table
+def test_flat_metrics_name_every_category():
+    report = classification_report(["a", "b", "b"], ["a", "b", "a"], ["a", "b"])
+    assert report["metrics"] == {
+        "accuracy": 2 / 3,
+        "macro_f1": report["macro_f1"],
+        "micro_f1": report["micro_f1"],
+        "f1/a": 2 * 0.5 * 1.0 / 1.5,
+        "precision/a": 0.5,
+        "recall/a": 1.0,
+        "f1/b": 2 * 1.0 * 0.5 / 1.5,
+        "precision/b": 1.0,
+        "recall/b": 0.5,
+    }

@@ -1,0 +1,113 @@
+"""Report phase: results.json (with its JSON Schema), report.md and the PNG plots, from what the earlier
+phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run again."""
+
+from __future__ import annotations
+
+from entrypoint.context import PhaseContext
+from entrypoint.envinfo import environment
+from entrypoint.plots import category_bars_png, loss_curves_png
+from entrypoint.report import RESULTS_VERSION, Results, bar_family, config_sha256, limitations, render_markdown
+
+__all__ = ["run"]
+
+
+def run(ctx: PhaseContext) -> dict:
+    spec = ctx.spec
+    data = ctx.read_json("phases/data/result.json")
+    baseline = ctx.read_json("phases/baseline/result.json")
+    train = ctx.read_json("phases/train/result.json")
+    evaluated = ctx.read_json("phases/evaluate/result.json")
+    test = ctx.read_json("phases/test/result.json")
+    selected = evaluated["selected"]
+
+    trials, configs = [], []
+    records = {}
+    for trial_id in train["order"]:
+        record = records[trial_id] = ctx.read_json(f"trials/{trial_id}/result.json")
+        scored = evaluated["trials"][trial_id]
+        config_key = f"trials/{trial_id}/eval/eval_config.json"
+        config = ctx.read_json(config_key) if scored["status"] == "completed" else None
+        if config is not None:
+            configs.append(config)
+        trials.append(
+            {
+                "id": trial_id,
+                "reference": record["reference"],
+                "changes": record["changes"],
+                "rationale": record["rationale"],
+                "status": record["status"],
+                "reason": record["reason"],
+                "steps": record.get("steps"),
+                "planned_steps": record.get("planned_steps"),
+                "budget": record["budget"],
+                "metrics": scored.get("metrics"),
+                "hypothesis": scored.get("hypothesis"),
+                "guardrails": scored.get("guardrails", []),
+                "guardrails_passed": scored.get("guardrails_passed"),
+                "eval_config_sha256": config_sha256(config) if config else None,
+                "losses": record.get("losses", []),
+                "eval_losses": record.get("eval_losses", []),
+            }
+        )
+    chosen = evaluated["trials"][selected]
+    env = environment()
+    results = {
+        "results_version": RESULTS_VERSION,
+        "job": {"id": spec.job.id, "description": spec.job.description, "spec_sha256": ctx.spec_sha256},
+        "hypothesis": {**spec.hypothesis.model_dump(include={"task", "statement", "metric", "min_gain"})},
+        "guardrails": [g.model_dump() for g in spec.guardrails],
+        "data": {"data_version": data["data_version"], "counts": data["counts"], "leaks": data["leaks"]["counts"]},
+        "baseline": {"method": baseline["eval_config"]["baseline"]["method"], "metrics": baseline["metrics"]},
+        "trials": trials,
+        "eval_configs_identical": len({config_sha256(c) for c in configs}) <= 1,
+        "selected": {"trial_id": selected, "why": evaluated["selection"]},
+        "verdict": {
+            "eval": {
+                "hypothesis_holds": chosen["hypothesis"]["holds"],
+                "gain": chosen["hypothesis"]["gain"],
+                "guardrails_passed": chosen["guardrails_passed"],
+            },
+            "test": {
+                "hypothesis_holds": test["hypothesis"]["holds"],
+                "gain": test["hypothesis"]["gain"],
+                "guardrails_passed": test["guardrails_passed"],
+            },
+        },
+        "test": {
+            "test_sha256": test["test_sha256"],
+            "examples": sum(data["counts"]["test"].values()),
+            "override": test["override"],
+            "baseline": test["baseline"],
+            "trial": test["trial"],
+            "guardrails": test["guardrails"],
+        },
+        "environment": {"backend": env["backend"], "torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
+        "limitations": [],
+    }
+    results["limitations"] = limitations(results, records, results["baseline"]["method"])
+    Results.model_validate(results)  # the schema we publish is the one we write
+
+    curves = {
+        t["id"]: {
+            "train": [(p["step"], p["loss"]) for p in t["losses"]],
+            "eval": [(p["step"], p["loss"]) for p in t["eval_losses"]],
+        }
+        for t in trials
+    }
+    family, names = bar_family(spec.hypothesis.task, baseline["metrics"])
+    series = {"baseline": [baseline["metrics"][n] for n in names]}
+    series.update({t["id"]: [t["metrics"][n] for n in names] for t in trials if t["metrics"]})
+    ctx.store.put_bytes("report/loss_curves.png", loss_curves_png(curves))
+    ctx.store.put_bytes(
+        "report/per_category.png",
+        category_bars_png([n.split("/", 1)[-1] for n in names], series, metric=family, title=f"{family} on eval"),
+    )
+    ctx.write_json("report/results.json", results)
+    ctx.write_json("report/results.schema.json", Results.model_json_schema())
+    ctx.store.put_bytes("report/report.md", render_markdown(results).encode())
+    ctx.log(f"report: {ctx.store.uri}/report/report.md ({len(results['limitations'])} limitations noted)")
+    return {"selected": selected, "verdict": results["verdict"], "files": sorted(_files(ctx))}
+
+
+def _files(ctx: PhaseContext) -> list[str]:
+    return [info.key for info in ctx.store.list("report")]

@@ -1,0 +1,202 @@
+"""Variants compared fairly, an invalid trial kept with its reason, the sealed test split opened once, and a
+report a person can read: real `rentune` processes, a tiny BERT from disk, the loopback S3 server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+from entrypoint.report import Results
+from entrypoint.store import PrefixedStore
+from entrypoint.store.s3 import S3Store
+from tests.models import build_tiny_bert
+from tests.s3server import create_bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+RENTUNE = Path(sys.executable).parent / "rentune"
+
+
+def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, name: str = "spec.yaml") -> Path:
+    spec = {
+        "job": {"id": job_id},
+        "hypothesis": {
+            "task": "classification",
+            "statement": "A tiny model learns ticket routing.",
+            "metric": "macro_f1",
+        },
+        "guardrails": [{"metric": "f1/*", "tolerance": 1.0}, {"metric": "accuracy", "tolerance": 0.5}],
+        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
+        "training": {"max_steps": 12, "microbatch": 16, "learning_rate": 0.005, "seed": 3, "device": "cpu"},
+        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint, "addressing_style": "path"},
+        "experiments": [
+            {
+                "id": "lr-high",
+                "changes": ["training.learning_rate"],
+                "rationale": "a tiny model may want a larger step",
+                "training": {"learning_rate": 0.02},
+            },
+            {
+                "id": "wrong-module",
+                "reference": "lr-high",
+                "changes": ["adaptation.target_modules"],
+                "rationale": "planted: a module name the model does not have",
+                "adaptation": {"target_modules": ["no_such_projection"]},
+            },
+            {
+                "id": "longer",
+                "changes": ["training.max_steps"],
+                "rationale": "does a longer run help? (exceeds main's budget)",
+                "training": {"max_steps": 18},
+            },
+        ],
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def job(s3_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trials")
+    model = build_tiny_bert(tmp / "bert")
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp, model, s3_server, bucket, "trials")
+    result = _rentune("run", str(spec), "--workdir", str(tmp / "work"), cwd=tmp)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    store = PrefixedStore(
+        S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path"), "jobs/trials"
+    )
+    return tmp, model, bucket, store, result
+
+
+def _json(store, key: str):
+    return json.loads(store.get_bytes(key))
+
+
+def test_valid_trials_share_one_eval_config_and_the_invalid_one_keeps_its_reason(job):
+    _, _, _, store, result = job
+    configs = {t: store.get_bytes(f"trials/{t}/eval/eval_config.json") for t in ("main", "lr-high", "longer")}
+    assert len(set(configs.values())) == 1, configs  # byte-identical stored configs
+    config = json.loads(configs["main"])
+    assert config["split"] == "eval" and config["seed"] == 3 and config["data_version"]
+    assert store.head("trials/wrong-module/eval/eval_config.json") is None
+
+    invalid = _json(store, "trials/wrong-module/result.json")
+    assert invalid["status"] == "invalid" and "no_such_projection" in invalid["reason"]
+    results = _json(store, "report/results.json")
+    by_id = {t["id"]: t for t in results["trials"]}
+    assert list(by_id) == ["main", "lr-high", "wrong-module", "longer"]  # nothing dropped, spec order
+    assert by_id["wrong-module"]["status"] == "invalid" and by_id["wrong-module"]["metrics"] is None
+    assert by_id["lr-high"]["losses"] != by_id["main"]["losses"]  # really trained with its own setting
+    assert results["eval_configs_identical"] is True
+    assert "wrong-module" in result.stdout and "invalid" in result.stdout
+
+
+def test_budget_is_recorded_per_trial(job):
+    _, _, _, store, _ = job
+    by_id = {t["id"]: t for t in _json(store, "report/results.json")["trials"]}
+    assert by_id["main"]["budget"] == {**by_id["main"]["budget"], "status": "within", "done_examples": 12 * 16}
+    assert by_id["longer"]["budget"]["status"] == "exceeds" and by_id["longer"]["budget"]["done_examples"] == 18 * 16
+    assert by_id["longer"]["steps"] == 18 and by_id["lr-high"]["steps"] == 12
+
+
+def test_selection_on_eval_then_the_test_split_is_opened_once(job, s3_server):
+    _, _, bucket, store, _ = job
+    results = _json(store, "report/results.json")
+    evaluated = _json(store, "phases/evaluate/result.json")
+    completed = {t: r for t, r in evaluated["trials"].items() if r["status"] == "completed"}
+    best = max(completed, key=lambda t: completed[t]["metrics"]["macro_f1"])
+    assert results["selected"]["trial_id"] == evaluated["selected"] == best
+    test = _json(store, "phases/test/result.json")
+    assert test["selected"] == best and set(_json(store, "phases/test/metrics.json")) == {"baseline", best}
+    root = S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path")
+    seals = [info.key for info in root.list("sealed-tests")]
+    assert seals == [f"sealed-tests/{test['test_sha256']}/opened.json"]
+    opened = json.loads(root.get_bytes(seals[0]))
+    assert opened["job_id"] == "trials" and opened["trial_id"] == best
+    assert opened["spec_sha256"] == results["job"]["spec_sha256"]
+
+
+def test_a_second_spec_on_the_same_test_split_is_refused_before_training_unless_overridden(job, s3_server):
+    tmp, model, bucket, store, _ = job
+    spec = _spec(tmp, model, s3_server, bucket, "trials-again", name="again.yaml")
+    refused = _rentune("run", str(spec), "--workdir", str(tmp / "work2"), cwd=tmp)
+    assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "already opened by job 'trials'" in refused.stderr and "--reopen-test" in refused.stderr
+    assert "train: starting" not in refused.stdout  # refused in the data phase, before any compute
+    root = S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path")
+    assert root.head("jobs/trials-again/phases/data/result.json") is None
+    assert len(list(root.list("sealed-tests"))) == 1  # nothing recorded for the refused job
+
+    reason = "the first job's selection had a bug; re-checked by hand"
+    ran = _rentune(
+        "run", str(spec), "--workdir", str(tmp / "work2"), "--reopen-test", reason, "--until", "report", cwd=tmp
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    results = json.loads(root.get_bytes("jobs/trials-again/report/results.json"))
+    assert results["test"]["override"]["reason"] == reason
+    assert results["test"]["override"]["earlier_opening"]["job_id"] == "trials"
+    assert reason in root.get_bytes("jobs/trials-again/report/report.md").decode()
+    assert any(reason in note for note in results["limitations"])
+
+
+def test_report_is_valid_against_its_schema_with_plots_and_table(job, tmp_path, s3_server):
+    tmp, _, bucket, store, result = job
+    results = _json(store, "report/results.json")
+    Results.model_validate(results)
+    assert _json(store, "report/results.schema.json") == Results.model_json_schema()
+    for name in ("loss_curves.png", "per_category.png"):
+        png = store.get_bytes(f"report/{name}")
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        Image.open(io.BytesIO(png)).verify()
+        assert Image.open(io.BytesIO(png)).size[0] >= 600
+    report = store.get_bytes("report/report.md").decode()
+    assert "| trial | reference | change | status | macro_f1 | gain | guardrails | budget |" in report
+    for trial in ("main", "lr-high", "wrong-module", "longer"):
+        assert f"| {trial}" in report
+    assert report.rstrip().splitlines()[-1].startswith("- ")  # ends with the observed limitations
+    assert "## Observed limitations" in report
+    assert results["limitations"] and any("wrong-module is invalid" in n for n in results["limitations"])
+    assert any("longer exceeds the training budget" in n for n in results["limitations"])
+
+    fetched = _rentune(
+        "fetch",
+        "trials",
+        "--store",
+        f"s3://{bucket}/runs",
+        "--endpoint-url",
+        s3_server,
+        "--dest",
+        str(tmp_path / "f"),
+        cwd=tmp,
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "f/report/report.md").read_text() == report
+    assert (tmp_path / "f/report/per_category.png").read_bytes() == store.get_bytes("report/per_category.png")
+    assert (tmp_path / "f/export/BINDING.json").is_file() and not (tmp_path / "f/export/adapter").exists()
+    assert "*" + results["selected"]["trial_id"] in fetched.stdout
+
+
+def test_export_carries_the_selected_trial(job):
+    _, _, _, store, _ = job
+    binding = _json(store, "export/BINDING.json")
+    selected = _json(store, "report/results.json")["selected"]["trial_id"]
+    assert binding["trial_id"] == selected
+    assert store.get_bytes("export/adapter/adapter_model.safetensors") == store.get_bytes(
+        f"trials/{selected}/final/adapter_model.safetensors"
+    )
