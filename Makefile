@@ -23,13 +23,21 @@ $(VENV)/.test: $(VENV)/.torch pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-setup: $(VENV)/.test
+# tini, PID 1 in the images, for the signal-path test (tests/integration/test_tini.py): Debian's package,
+# unpacked into the venv without root. Where apt is not available the test says so and is skipped.
+$(VENV)/bin/tini: | $(VENV)/.torch
+	@cd $(VENV) && rm -rf tini-deb && (apt-get download tini >/dev/null 2>&1 && dpkg-deb -x tini_*.deb tini-deb \
+		&& cp tini-deb/usr/bin/tini bin/tini && echo "installed tini into $(VENV)/bin") \
+		|| echo "tini not installed (no apt-get or Debian mirror): tests/integration/test_tini.py will be skipped"; \
+		rm -rf tini-deb tini_*.deb
+
+setup: $(VENV)/.test $(VENV)/bin/tini
 
 demo: $(VENV)/.demo
 	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/quickstart.yaml
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/quickstart.yaml --store file://$(CURDIR)/runs
 
-lint: $(VENV)/.test
+lint: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy
 	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from jobspec.load import SpecError, load_spec
+from jobspec.load import LoadedSpec, SpecError, load_spec
 from jobspec.schema import JobSpec
 
 EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 1, 2, 3
@@ -23,6 +23,16 @@ EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 1, 2, 3
 def _log(message: str) -> None:
     click.echo(message, err=False)
     sys.stdout.flush()
+
+
+def _load_or_exit(spec: Path) -> LoadedSpec:
+    """The spec, or every problem on stderr and exit 2."""
+    try:
+        return load_spec(spec)
+    except SpecError as exc:
+        for line in exc.errors:
+            click.echo(line, err=True)
+        sys.exit(EXIT_INVALID)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,12 +45,7 @@ def main() -> None:
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 def validate(spec: Path) -> None:
     """Check SPEC and print OK or every problem found (exit 2)."""
-    try:
-        loaded = load_spec(spec)
-    except SpecError as exc:
-        for line in exc.errors:
-            click.echo(line, err=True)
-        sys.exit(EXIT_INVALID)
+    loaded = _load_or_exit(spec)
     click.echo(f"OK {spec} (job {loaded.spec.job.id}, sha256 {loaded.sha256[:12]})")
 
 
@@ -48,6 +53,31 @@ def validate(spec: Path) -> None:
 def schema() -> None:
     """Print the job spec's JSON Schema (for editor autocompletion)."""
     click.echo(json.dumps(JobSpec.model_json_schema(), indent=2))
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--window", type=click.Choice(["3d", "7d", "30d"]), help="Plan for this lease instead of rental.window.")
+@click.option("--train-examples", type=click.IntRange(min=1), help="Training examples, when the data is in s3://.")
+def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
+    """Print SPEC's lease plan; exit 2 with what to cut if it does not fit."""
+    from jobspec.plan import count_train_examples, make_plan
+
+    loaded = _load_or_exit(spec)
+    try:
+        n_train = train_examples or count_train_examples(loaded.spec)
+    except OSError as exc:
+        click.echo(f"{spec}: data: cannot read the training data to count it ({exc})", err=True)
+        sys.exit(EXIT_INVALID)
+    if n_train is None:
+        click.echo(f"{spec}: data: the data is in object storage; pass --train-examples N to plan", err=True)
+        sys.exit(EXIT_INVALID)
+    result = make_plan(loaded.spec, n_train, window=window)
+    click.echo(result.table())
+    if result.problems:
+        for line in result.problems:
+            click.echo(f"{spec}: {line}", err=True)
+        sys.exit(EXIT_INVALID)
 
 
 @main.command()
@@ -62,7 +92,7 @@ def schema() -> None:
 )
 @click.option(
     "--until",
-    type=click.Choice(["data", "baseline", "probe", "train", "evaluate", "test", "report", "export"]),
+    type=click.Choice(["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]),
     help="Stop after this phase (e.g. `--until data` checks and inspects the data only).",
 )
 @click.option(
@@ -84,7 +114,7 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     from entrypoint.dataio import DataError
     from entrypoint.phases.test import TestSealed
-    from entrypoint.runner import JobConflict, Unsupported, run_job
+    from entrypoint.runner import JobConflict, PlanDoesNotFit, Unsupported, run_job
     from entrypoint.store import InvalidKey, open_store
     from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
 
@@ -109,7 +139,7 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
     except (JobConflict, TestSealed) as exc:
         click.echo(f"rentune: {exc}", err=True)
         sys.exit(EXIT_CONFLICT)
-    except (DataError, ModelError, Unsupported) as exc:
+    except (DataError, ModelError, Unsupported, PlanDoesNotFit) as exc:
         click.echo(f"rentune: {loaded.source}: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     except Exception as exc:  # the attempt record in the store holds the error too
@@ -176,7 +206,8 @@ def summary(results: dict) -> str:
     default=None,
     help="Local folder (default: ./<JOB_ID>).",
 )
-def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | None) -> None:
+@click.option("--with-adapter", is_flag=True, help="Also download export/adapter (the trained weights).")
+def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | None, with_adapter: bool) -> None:
     """Download JOB_ID's report (results.json, report.md, plots) and export metadata to a local folder."""
     from entrypoint.runner import job_store
     from entrypoint.store import InvalidKey, ObjectNotFound, StoreError, open_store
@@ -185,7 +216,7 @@ def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | No
     try:
         store = job_store(open_store(store_uri, endpoint_url=endpoint_url), job_id)
         keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
-        keys = [k for k in keys if k.startswith("report/") or not k.startswith("export/adapter/")]
+        keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
         if not keys:
             raise ObjectNotFound(f"{store.uri}: no report yet (the job has not reached its report phase)")
         for key in keys:
@@ -202,3 +233,189 @@ def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | No
     results = dest / "report/results.json"
     if results.is_file():
         click.echo("\n" + summary(json.loads(results.read_text())))
+
+
+@main.command("verify-export")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--base",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The base model folder you intend to load the adapter onto.",
+)
+def verify_export(directory: Path, base: Path) -> None:
+    """Check that DIRECTORY (an export: BINDING.json + adapter/) belongs to the base model in BASE.
+
+    Exit 0 when the base model's sha256 matches BINDING.json and every adapter file is there; exit 2
+    naming what differs otherwise. Load an adapter only onto a base model this command accepts."""
+    from entrypoint.model import hash_base_model
+
+    try:
+        binding = json.loads((directory / "BINDING.json").read_text())
+        expected = binding["base_model"]
+    except (OSError, ValueError, KeyError) as exc:
+        click.echo(f"rentune: {directory / 'BINDING.json'}: unreadable binding ({exc})", err=True)
+        sys.exit(EXIT_INVALID)
+    actual = hash_base_model(base)
+    problems = []
+    if actual.sha256 != expected["sha256"]:
+        names = sorted(set(expected["files"]) | set(actual.files))
+        differ = [n for n in names if expected["files"].get(n) != actual.files.get(n)]
+        problems.append(
+            f"{base}: base model sha256 {actual.sha256[:16]} differs from BINDING.json's {expected['sha256'][:16]}; "
+            f"files that differ: {', '.join(differ)}"
+        )
+    missing = [n for n in binding.get("adapter_files", []) if not (directory / "adapter" / n).is_file()]
+    if missing:
+        problems.append(f"{directory / 'adapter'}: missing {', '.join(missing)}")
+    if problems:
+        for line in problems:
+            click.echo(f"rentune: refused: {line}", err=True)
+        sys.exit(EXIT_INVALID)
+    click.echo(
+        f"OK {directory}: trial {binding['trial_id']} of job {binding['job_id']} belongs to {base} "
+        f"(sha256 {actual.sha256[:16]}...)"
+    )
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--store", "store_uri", required=True, help="Store URI the job runs against.")
+@click.option("--endpoint-url", help="S3-compatible endpoint (MinIO, R2, ...).")
+def status(job_id: str, store_uri: str, endpoint_url: str | None) -> None:
+    """Show JOB_ID's phases (plan vs actual), trials, attempts and the time left on the lease."""
+    from entrypoint.status import render_status
+    from entrypoint.store import InvalidKey, ObjectNotFound, StoreError, open_store
+
+    try:
+        click.echo(render_status(open_store(store_uri, endpoint_url=endpoint_url), job_id))
+    except (InvalidKey, ObjectNotFound) as exc:
+        click.echo(f"rentune: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    except StoreError as exc:
+        click.echo(f"rentune: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _store_options(function):
+    """--store (default: $RENTUNE_STORE), --endpoint-url, --region, --addressing-style."""
+    for option in reversed(
+        [
+            click.option(
+                "--store",
+                "store_uri",
+                envvar="RENTUNE_STORE",
+                required=True,
+                help="The bucket (s3://bucket/prefix or file://DIR); default: $RENTUNE_STORE.",
+            ),
+            click.option("--endpoint-url", help="S3-compatible endpoint (MinIO, R2, ...); default: $AWS_ENDPOINT_URL."),
+            click.option("--region"),
+            click.option("--addressing-style", type=click.Choice(["auto", "path", "virtual"])),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _open_root(store_uri: str, endpoint_url: str | None, region: str | None, addressing_style: str | None):
+    from entrypoint.store import InvalidKey, open_store
+
+    try:
+        return open_store(store_uri, endpoint_url=endpoint_url, region=region, addressing_style=addressing_style)
+    except InvalidKey as exc:
+        click.echo(f"rentune: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@_store_options
+def submit(spec: Path, store_uri: str, endpoint_url, region, addressing_style) -> None:
+    """Validate SPEC here and queue it in the bucket, for a `rentune worker` on a node to run."""
+    from entrypoint.queue import submit as queue_spec
+    from entrypoint.store import ObjectExists
+
+    loaded = _load_or_exit(spec)
+    root = _open_root(store_uri, endpoint_url, region, addressing_style)
+    try:
+        key = queue_spec(root, loaded)
+    except ObjectExists as exc:
+        click.echo(f"rentune: {exc if str(exc) else 'job ' + loaded.spec.job.id + ' is already queued'}", err=True)
+        sys.exit(EXIT_CONFLICT)
+    click.echo(f"queued {loaded.spec.job.id} at {root.uri}/{key}; follow it with: rentune status {loaded.spec.job.id}")
+
+
+@main.command()
+@_store_options
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".rentune-work"),
+    show_default=True,
+    help="Local scratch folder; may be lost at any time, the store is the truth.",
+)
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(min=1.0),
+    default=300.0,
+    show_default=True,
+    help="A claim without a heartbeat for this long belongs to a dead worker and is taken over.",
+)
+@click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True)
+@click.option("--exit-when-idle", is_flag=True, help="Return once the queue is empty (default: wait for more).")
+def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_seconds, poll_seconds, exit_when_idle):
+    """Claim queued jobs from the bucket one at a time and run them (the image's default command).
+
+    A job runs against this worker's store whatever its spec's store.uri says; its data and model
+    paths must exist on this node (or be s3:// data)."""
+    import transformers
+
+    from entrypoint.queue import Worker
+    from entrypoint.runner import run_job
+    from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
+    root = _open_root(store_uri, endpoint_url, region, addressing_style)
+
+    def run(loaded, log):
+        run_job(loaded, root, workdir, log)
+
+    worker = Worker(root, run, _log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
+    _log(f"worker: {worker.name} watching {root.uri}/queue/")
+    try:
+        worker.loop(exit_when_idle=exit_when_idle)
+    except Interrupted as exc:
+        click.echo(f"rentune: {exc}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@main.command()
+@click.argument("job_id")
+@_store_options
+@click.option("--attempt", type=int, help="Only this attempt (default: all, oldest first).")
+def logs(job_id: str, store_uri, endpoint_url, region, addressing_style, attempt: int | None) -> None:
+    """Print JOB_ID's logs from the store, one section per attempt (process start)."""
+    from entrypoint.runner import job_store
+    from entrypoint.store import ObjectNotFound
+
+    store = job_store(_open_root(store_uri, endpoint_url, region, addressing_style), job_id)
+    numbers = sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
+    if not numbers:
+        click.echo(f"rentune: {store.uri}: no attempts yet (is {job_id!r} queued or misspelt?)", err=True)
+        sys.exit(EXIT_INVALID)
+    for n in numbers if attempt is None else [attempt]:
+        click.echo(f"== attempt {n}")
+        try:
+            click.echo(store.get_bytes(f"attempts/{n}/log.txt").decode(), nl=False)
+        except ObjectNotFound:
+            click.echo("(no log saved: the process ended before its first flush)")
+
+
+@main.command()
+def env() -> None:
+    """Print the detected backend (CUDA, ROCm or CPU) and the versions rentune would record."""
+    from entrypoint.envinfo import environment
+
+    click.echo(json.dumps(environment(), indent=2, sort_keys=True))

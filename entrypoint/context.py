@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class PhaseContext:
     store_args: tuple[str, ...] = ()  # how a torchrun worker reopens this job's store (see train_worker)
     root: Store | None = None  # the whole store: the sealed-test record spans jobs
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
+    clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one
 
     def read_json(self, key: str) -> Any:
         return json.loads(self.store.get_bytes(key))

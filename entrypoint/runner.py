@@ -23,12 +23,23 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext, dumps
 from entrypoint.envinfo import environment
-from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train
+from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, StoreError, join_key
 from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec
+from jobspec.plan import count_train_examples, make_plan
+from jobspec.schema import JobSpec
 
-__all__ = ["PHASES", "JobConflict", "Unsupported", "attempt_number", "job_store", "run_job"]
+__all__ = [
+    "PHASES",
+    "JobConflict",
+    "PlanDoesNotFit",
+    "Unsupported",
+    "attempt_number",
+    "current_plan",
+    "job_store",
+    "run_job",
+]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
@@ -37,6 +48,7 @@ PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("train", train.run),
     ("evaluate", evaluate.run),
     ("test", test.run),
+    ("verify", verify.run),
     ("report", report.run),
     ("export", export.run),
 ]
@@ -49,6 +61,33 @@ STALE_UPLOAD_S = 3600.0
 
 class Unsupported(ValueError):
     """The spec asks for something this version cannot do yet; said before any compute is spent on it."""
+
+
+class _StoreLog:
+    """Echo each line and keep it in the store (`attempts/<n>/log.txt`), so `rentune logs` works from any
+    machine. Flushed at most every `every` seconds and at the end; a failed flush never stops the job."""
+
+    def __init__(self, store: Store, key: str, echo: Callable[[str], None], every: float = 2.0):
+        self.store, self.key, self.echo, self.every = store, key, echo, every
+        self.lines: list[str] = []
+        self.flushed = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.echo(message)
+        self.lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {message}")
+        if time.monotonic() - self.flushed >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        self.flushed = time.monotonic()
+        try:
+            self.store.put_bytes(self.key, ("\n".join(self.lines) + "\n").encode())
+        except StoreError as exc:
+            self.echo(f"store: could not save the log ({exc}); continuing")
+
+
+class PlanDoesNotFit(ValueError):
+    """The job cannot fit its lease; said before the first phase, with what to cut."""
 
 
 class JobConflict(RuntimeError):
@@ -83,16 +122,88 @@ def _freeze_spec(store: Store, loaded: LoadedSpec) -> None:
         )
 
 
-def attempt_number(store: Store) -> int:
+def attempt_number(store: Store, clock: Callable[[], float] = time.time) -> int:
     """Claim the next attempt number with a conditional write, so two processes never share one."""
     taken = {int(info.key.split("/")[1]) for info in store.list("attempts") if info.key.split("/")[1].isdigit()}
     number = max(taken, default=0) + 1
     while True:
         try:
-            store.put_if_absent(f"attempts/{number}/started.json", dumps({"started_at": time.time()}))
+            store.put_if_absent(f"attempts/{number}/started.json", dumps({"started_at": clock()}))
             return number
         except ObjectExists:
             number += 1
+
+
+def _previous_attempts(store: Store, current: int) -> list[dict]:
+    """Why each earlier process ended: its ended.json, or `killed` when it left none (SIGKILL, node loss)."""
+    out = []
+    for n in range(1, current):
+        try:
+            ended = json.loads(store.get_bytes(f"attempts/{n}/ended.json"))
+        except ObjectNotFound:
+            ended = {"outcome": "killed", "error": "no end record: SIGKILL, OOM killer or node loss"}
+        out.append({"attempt": n, **ended})
+    return out
+
+
+def lease_start(spec: JobSpec, store: Store) -> float:
+    """rental.started_at, or when this job's first attempt started."""
+    if spec.rental.started_at is not None:
+        return spec.rental.started_at.timestamp()
+    return json.loads(store.get_bytes("attempts/1/started.json"))["started_at"]
+
+
+def current_plan(spec: JobSpec, store: Store, now: float) -> dict | None:
+    """The plan from what the store holds now: committed phases' measured seconds, the probe's step time,
+    trials done. None before the number of training examples is known (data in s3://, data phase not run)."""
+    data = read_result(store, "data")
+    if data is not None:
+        n_train = sum(data["counts"]["train"].values())
+    else:
+        try:
+            n_train = count_train_examples(spec)
+        except OSError:
+            n_train = None
+    if n_train is None:
+        return None
+    measured = {}
+    for name, _ in PHASES:
+        result = read_result(store, name)
+        if result is not None and name != "train":
+            measured[name] = result["seconds"]
+    probe_result = read_result(store, "probe")
+    step = None
+    if probe_result is not None:
+        step = probe_result["variants"]["plain"]["seconds"] * spec.training.grad_accum
+    steps_done = {}
+    for info in store.list("trials"):
+        if info.key.endswith("/result.json") and info.key.count("/") == 2:
+            record = json.loads(store.get_bytes(info.key))
+            steps_done[record["trial_id"]] = 10**12  # finished, whatever its status: nothing left to train
+    start = lease_start(spec, store)
+    plan = make_plan(
+        spec, n_train, elapsed=max(0.0, now - start), measured=measured, step_seconds=step, steps_done=steps_done
+    )
+    return {
+        **plan.to_dict(),
+        "lease_start_at": start,
+        "lease_end_at": start + plan.lease_seconds,
+        "train_deadline_at": start + plan.train_deadline,
+        "planned_at": now,
+    }
+
+
+def _check_backend(wanted: str) -> None:
+    """Refuse an image whose torch is built for another accelerator stack than the spec expects."""
+    import torch
+
+    have = "rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu"
+    if wanted != "any" and wanted != have:
+        built = {"rocm": f"ROCm (HIP {torch.version.hip})", "cuda": f"CUDA {torch.version.cuda}", "cpu": "CPU only"}
+        raise Unsupported(
+            f"training.backend: the spec expects {wanted!r} but this image's torch {torch.__version__} is built for "
+            f"{built[have]}; run it on the {wanted} image (`rentune env` shows what an image has)"
+        )
 
 
 def _check_device(wanted: str, precision: str) -> None:
@@ -127,6 +238,7 @@ def run_job(
     log: Callable[[str], None],
     until: str | None = None,
     reopen_test: str | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> JobOutcome:
     """Run every phase not yet committed, in order, stopping after `until` if given. `reopen_test` is the
     reason to open a test split another spec already opened (recorded in the report). Raises whatever a
@@ -136,20 +248,27 @@ def run_job(
     spec = loaded.spec
     store = job_store(root, spec.job.id)
     _freeze_spec(store, loaded)
-    attempt = attempt_number(store)
+    attempt = attempt_number(store, clock)
+    log = _StoreLog(store, f"attempts/{attempt}/log.txt", log)
     abort_stale = getattr(root, "abort_stale_uploads", None)  # object stores with multipart uploads only
     if abort_stale is not None:
         aborted = abort_stale(join_key("jobs", spec.job.id), STALE_UPLOAD_S)
         if aborted:
             log(f"store: aborted {aborted} multipart upload(s) left by an interrupted process")
     store.put_bytes(f"attempts/{attempt}/env.json", dumps(environment()))
-    options = spec.store
+    for earlier in _previous_attempts(store, attempt)[-1:]:
+        if earlier["outcome"] != "completed":
+            log(f"rentune: attempt {earlier['attempt']} ended {earlier['outcome']}: {earlier.get('error')}; continuing")
+    finished = store.head(f"phases/{PHASES[-1][0]}/result.json") is not None
+    plan = None if finished else current_plan(spec, store, clock())  # a finished job keeps its last plan
+    if plan is not None:
+        if plan["problems"] and store.head("phases/data/result.json") is None:
+            raise PlanDoesNotFit("\n".join(plan["problems"]))
+        for problem in plan["problems"]:
+            log(f"plan: {problem}")
+        store.put_bytes("plan.json", dumps(plan))
     store_args = ["--store", root.uri, "--job", spec.job.id]
-    for flag, value in (
-        ("--endpoint-url", options.endpoint_url),
-        ("--region", options.region),
-        ("--addressing-style", options.addressing_style),
-    ):
+    for flag, value in getattr(root, "reopen_flags", {}).items():  # the store as opened, not as the spec says
         store_args += [flag, value] if value else []
     ctx = PhaseContext(
         spec=spec,
@@ -160,11 +279,13 @@ def run_job(
         store_args=tuple(store_args),
         root=root,
         reopen_test=reopen_test,
+        clock=clock,
     )
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()
     try:
+        _check_backend(spec.training.backend)
         _check_device(spec.training.device, spec.training.precision)
         for name, phase in PHASES:
             key = f"phases/{name}/result.json"
@@ -184,6 +305,12 @@ def run_job(
             except ObjectExists:  # another process (another node, a second worker) committed it first
                 log(f"{name}: committed by another process meanwhile; keeping theirs")
             ran.append(name)
+            if name in ("data", "probe"):  # new measurements: training examples, step time
+                replanned = current_plan(spec, store, clock())
+                if replanned is not None:
+                    store.put_bytes("plan.json", dumps(replanned))
+                    for problem in replanned["problems"]:
+                        log(f"plan: {problem}")
             if name == until:
                 break
         outcome = {"outcome": "completed", "phase": None}
@@ -199,6 +326,7 @@ def run_job(
             store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
         except StoreError as exc:  # never let the record hide the outcome it records
             log(f"store: could not record the end of attempt {attempt}: {exc}")
+        log.flush()
     return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)
 
 

@@ -2,8 +2,8 @@
 
 What rentune adds to the Trainer's loop, as callback events:
 
-    on_step_end:  every_minutes elapsed, SIGTERM seen, or last step -> ask the Trainer to save
-                  SIGTERM seen -> also ask it to stop after this step
+    on_step_end:  every_minutes elapsed, SIGTERM seen, deadline passed, or last step -> ask the Trainer to save
+                  SIGTERM seen or the plan's training deadline passed -> also ask it to stop after this step
     on_save:      the Trainer wrote checkpoint-N/ locally -> commit it to the store (manifest last),
                   rotate old checkpoints, remove the local copy
     on_log:       one progress line per logging step, loss history kept
@@ -158,17 +158,22 @@ class StoreCheckpointCallback(TrainerCallback):
         policy: CheckpointPolicy,
         sigterm: graceful_sigterm,
         log: Callable[[str], None],
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.store, self.prefix, self.meta, self.policy = store, prefix, meta, policy
         self.sigterm, self.log = sigterm, log
+        self.deadline, self.clock = deadline, clock  # the plan's training deadline (wall clock)
         self.last_commit = time.monotonic()
         self.committed: list[int] = []
+        self.deadline_hit_at: int | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
         minutes = self.policy.every_minutes
         save = minutes is not None and time.monotonic() - self.last_commit >= minutes * 60
         save = save or state.global_step >= state.max_steps
-        stop = self.sigterm.requested.is_set()
+        late = self.deadline is not None and self.clock() >= self.deadline
+        stop = self.sigterm.requested.is_set() or late
         save = save or stop  # a stop always commits first
         if _distributed():
             # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce
@@ -180,6 +185,9 @@ class StoreCheckpointCallback(TrainerCallback):
             control.should_save = True
         if stop:
             control.should_training_stop = True
+            if late and self.deadline_hit_at is None and state.global_step < state.max_steps:
+                self.deadline_hit_at = state.global_step
+                self.log(f"train: the plan's training deadline has passed; stopping at step {state.global_step}")
         return control
 
     def on_save(self, args, state, control, **kwargs):

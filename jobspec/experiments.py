@@ -25,6 +25,7 @@ SHARED = (
     "training.seed",
     "training.eval_batch",
     "training.device",
+    "training.backend",
     "training.deterministic",
     "training.checkpoint",
     "training.log_every_steps",

@@ -8,6 +8,7 @@ This module imports no torch, so `rentune validate` and `rentune schema` run any
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -340,6 +341,11 @@ class Training(_Section):
         False, description="Recompute activations in the backward pass: less memory, about a third more time."
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["any", "cuda", "rocm", "cpu"] = Field(
+        "any",
+        description="The accelerator stack this job expects (a CUDA or a ROCm image); a mismatch fails before any "
+        "phase runs. `rentune env` prints what an image has.",
+    )
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
@@ -367,7 +373,26 @@ class Distribution(_Section):
 
 class Rental(_Section):
     window: Literal["3d", "7d", "30d"] = Field("3d", description="Length of the node lease.")
-    margin: Duration = Field("2h", description="Time kept free for recovery before the lease ends.")
+    started_at: datetime | None = Field(
+        None,
+        description="When the lease started (ISO 8601 with a timezone, e.g. 2026-12-02T09:00:00Z). "
+        "Default: when this job first started.",
+    )
+    margin: Duration | None = Field(
+        None, description="Time kept free for recovery before the lease ends (default: 2h, 6h or 24h by window)."
+    )
+    step_seconds: float | None = Field(
+        None,
+        gt=0.0,
+        le=86400.0,
+        description="Your estimate of one optimizer step, used until the probe measures it (default: 1 s).",
+    )
+
+    @model_validator(mode="after")
+    def _aware(self) -> Rental:
+        if self.started_at is not None and self.started_at.tzinfo is None:
+            raise ValueError("expected rental.started_at with a timezone, e.g. 2026-12-02T09:00:00Z")
+        return self
 
 
 class Store(_Section):

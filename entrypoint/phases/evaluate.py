@@ -63,7 +63,7 @@ def run(ctx: PhaseContext) -> dict:
     baseline = ctx.read_json("phases/baseline/metrics.json")["metrics"]
     results = {}
     for trial_id, summary in trials.items():
-        if summary["status"] != "completed":
+        if not summary.get("evaluable"):
             results[trial_id] = {"status": summary["status"], "reason": summary["reason"]}
             continue
         rows, outputs, report = evaluate_trial(ctx, trial_id, "eval")
@@ -84,7 +84,8 @@ def run(ctx: PhaseContext) -> dict:
         guardrails = check_guardrails(spec.guardrails, baseline, report["metrics"])
         verdict = hypothesis_verdict(spec.hypothesis, baseline, report["metrics"])
         results[trial_id] = {
-            "status": "completed",
+            "status": summary["status"],
+            "reason": summary["reason"],
             "metrics": report["metrics"],
             "hypothesis": verdict,
             "guardrails": guardrails,
@@ -96,7 +97,7 @@ def run(ctx: PhaseContext) -> dict:
             f"evaluate: {trial_id}: {verdict['metric']} {verdict['trial']:.3f} (baseline {verdict['baseline']:.3f}, "
             f"{verdict['gain']:+.3f}); guardrails {'pass' if not failed else 'FAIL: ' + ', '.join(failed)}"
         )
-    completed = [t for t, r in results.items() if r["status"] == "completed"]
+    completed = [t for t, r in results.items() if "metrics" in r]
     if not completed:
         reasons = "; ".join(f"{t}: {r['status']} ({r['reason']})" for t, r in results.items())
         raise NoValidTrial(f"evaluate: no trial completed, nothing to select: {reasons}")

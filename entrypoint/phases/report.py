@@ -26,7 +26,7 @@ def run(ctx: PhaseContext) -> dict:
         record = records[trial_id] = ctx.read_json(f"trials/{trial_id}/result.json")
         scored = evaluated["trials"][trial_id]
         config_key = f"trials/{trial_id}/eval/eval_config.json"
-        config = ctx.read_json(config_key) if scored["status"] == "completed" else None
+        config = ctx.read_json(config_key) if "metrics" in scored else None
         if config is not None:
             configs.append(config)
         trials.append(

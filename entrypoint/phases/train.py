@@ -60,6 +60,15 @@ def worker_result_key(trial_id: str) -> str:
     return f"trials/{trial_id}/train_result.json"
 
 
+def _deadline(ctx: PhaseContext) -> tuple[float | None, dict]:
+    """The plan's training deadline (wall clock) and each trial's estimated seconds, if a plan exists."""
+    try:
+        plan = ctx.read_json("plan.json")
+    except ObjectNotFound:
+        return None, {}
+    return plan["train_deadline_at"], {t["id"]: t["seconds"] for t in plan["trials"]}
+
+
 def run(ctx: PhaseContext) -> dict:
     trials = resolve_trials(ctx.spec)
     n_train = len(ctx.read_split("train"))
@@ -71,13 +80,42 @@ def run(ctx: PhaseContext) -> dict:
             ctx.log(f"train: trial {trial.id} already {record['status']}, skipping")
         except ObjectNotFound:
             ctx.log(f"train: trial {trial.id}" + (f" ({trial.rationale})" if trial.reference else ""))
-            record = _run_trial(ctx, trial, trials[0], n_train)
+            deadline, needs = _deadline(ctx)
+            left = None if deadline is None else deadline - ctx.clock()
+            if trial.id != MAIN and left is not None and needs.get(trial.id, 0.0) > left:
+                record = _not_started(trial, needs[trial.id], left)
+                ctx.log(f"train: trial {trial.id} is stopped: {record['reason']}")
+            else:
+                record = _run_trial(ctx, trial, trials[0], n_train)
             try:
                 ctx.store.put_if_absent(key, dumps(record))
             except ObjectExists:  # another process committed this trial meanwhile; theirs stands
                 record = ctx.read_json(key)
-        summary[trial.id] = {k: record.get(k) for k in ("status", "reason", "steps", "budget")}
+        summary[trial.id] = {k: record.get(k) for k in ("status", "reason", "steps", "budget", "evaluable")}
     return {"trials": summary, "order": [t.id for t in trials]}
+
+
+def _not_started(trial: Trial, needs: float, left: float) -> dict:
+    """A trial the lease has no room for: recorded as stopped, never silently dropped."""
+    return {
+        "trial_id": trial.id,
+        "reference": trial.reference,
+        "changes": list(trial.changes),
+        "rationale": trial.rationale,
+        "settings": {"adaptation": trial.adaptation.model_dump(), "training": trial.training.model_dump()},
+        "status": "stopped",
+        "reason": f"not started: it needs about {needs / 3600:.1f} h and {max(left, 0) / 3600:.1f} h are left "
+        "before the plan's training deadline",
+        "steps": 0,
+        "evaluable": False,
+        "budget": {
+            "reference_examples": 0,
+            "planned_examples": 0,
+            "done_examples": 0,
+            "status": "short",
+            "unit": "training examples processed (optimizer steps x microbatch x grad_accum x processes)",
+        },
+    }
 
 
 def _world(ctx: PhaseContext) -> int:
@@ -105,7 +143,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
     except Exception as exc:
         if not is_oom(exc):
             raise
-        outcome = {"status": "invalid", "reason": f"out of memory: {exc}"}
+        outcome = {"status": "invalid", "reason": f"out of memory: {exc}", "evaluable": False}
     record.update(outcome)
     if outcome["status"] != "completed":
         ctx.log(f"train: trial {trial.id} is {outcome['status']}: {outcome['reason']}")
@@ -159,7 +197,7 @@ def train_trial(ctx: PhaseContext, trial: Trial) -> dict:
     try:
         return _train(ctx, trial)
     except (NonFiniteLoss, InvalidTrial) as exc:
-        return {"status": "invalid", "reason": str(exc)}
+        return {"status": "invalid", "reason": str(exc), "evaluable": False}
 
 
 def _train(ctx: PhaseContext, trial: Trial) -> dict:
@@ -203,8 +241,11 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
             platform_change = {"checkpoint": resume.manifest.get("env"), "now": meta["env"]}
             ctx.log(f"train: platform change since step {resume.step}: {platform_change}; results are flagged")
 
+    deadline, _ = _deadline(ctx)
     with graceful_sigterm(spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        saver = StoreCheckpointCallback(ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log)
+        saver = StoreCheckpointCallback(
+            ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log, deadline=deadline, clock=ctx.clock
+        )
         zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
         divergence = DivergenceCallback()
@@ -248,9 +289,14 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         for f in ("microbatch", "activation_checkpointing", "precision")
     )
     history = trainer.state.log_history
+    cut = trainer.state.global_step < trainer.state.max_steps  # not SIGTERM (raised above): the deadline
     return {
-        "status": "completed",
-        "reason": None,
+        "status": "stopped" if cut else "completed",
+        "reason": f"cut short at the plan's training deadline after {trainer.state.global_step} of "
+        f"{trainer.state.max_steps} steps; the weights at that step are evaluated"
+        if cut
+        else None,
+        "evaluable": True,
         "world_size": trainer.args.world_size,
         "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()}
         if first_steps.check

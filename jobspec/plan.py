@@ -1,0 +1,208 @@
+"""The lease plan: the rental window cut into phase budgets and deadlines, so that the export and the
+recovery margin always fit, and training stops in time whatever its step count says.
+
+    lease start                                                                      lease end
+    | preflight | data | baseline | probe | experiments ..... | evaluate | test | verify | report | export | margin |
+                                          ^ trials in order   ^ training deadline
+
+Fixed phases get default budgets until they are measured (a committed phase counts what it took). The
+experiments slot is what is left; each trial needs `planned steps x step seconds x TRAIN_OVERHEAD`, with the
+step time estimated (`rental.step_seconds`, default 1 s) until the probe measures it. `make_plan` is
+re-run at every process start, with the time already used, and after the probe, with the measured step.
+Pure Python: `rentune plan` runs anywhere in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from jobspec.experiments import resolve_trials
+from jobspec.schema import JobSpec, Training, duration_seconds
+
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "DEFAULT_MARGIN",
+    "DEFAULT_STEP_SECONDS",
+    "PhasePlan",
+    "WINDOW_SECONDS",
+    "count_train_examples",
+    "make_plan",
+    "planned_steps",
+]
+
+WINDOW_SECONDS = {"3d": 3 * 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+# Recovery margin before the lease ends: room for one restart on a new node (pull the image, download
+# the newest checkpoint, redo an unfinished phase). A longer lease meets more interruptions.
+DEFAULT_MARGIN = {"3d": "2h", "7d": "6h", "30d": "24h"}
+# Budgets of the fixed phases until they are measured, in seconds: generous for a GPU node, where loading
+# a multi-GB model and its data dominates. `evaluate` is per trial.
+DEFAULT_BUDGETS = {
+    "preflight": 600,
+    "data": 1800,
+    "baseline": 1800,
+    "probe": 900,
+    "evaluate": 900,
+    "test": 900,
+    "verify": 1200,
+    "report": 300,
+    "export": 900,
+}
+BEFORE_TRAINING = ("preflight", "data", "baseline", "probe")
+AFTER_TRAINING = ("evaluate", "test", "verify", "report", "export")
+DEFAULT_STEP_SECONDS = 1.0
+# A trial takes longer than its optimizer steps: eval-loss passes, checkpoint commits, model loading.
+TRAIN_OVERHEAD = 1.1
+
+
+def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
+    """Optimizer steps for a run: `max_steps` if set, else epochs over the data at the global batch."""
+    if training.max_steps is not None:
+        return training.max_steps
+    per_epoch = math.ceil(n_train / (training.microbatch * training.grad_accum * world_size))
+    return max(1, math.ceil(training.epochs * per_epoch))
+
+
+def count_train_examples(spec: JobSpec) -> int | None:
+    """Training examples, counted from the local data files before the data phase runs (non-empty lines;
+    a single source is cut by the split shares). None when the data is in object storage."""
+    data = spec.data
+    location = data.files.train if data.files else data.source
+    if location.startswith("s3://"):
+        return None
+    path = Path(location.removeprefix("file://"))
+    with path.open("rb") as handle:
+        lines = sum(1 for line in handle if line.strip())
+    if data.files:
+        return lines
+    return max(1, round(lines * (1 - data.split.eval - data.split.test)))
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    seconds: float
+    start: float  # seconds after the lease start
+    end: float
+    source: str  # "default", "measured", "left for training", "spec"
+
+
+@dataclass(frozen=True)
+class TrialBudget:
+    id: str
+    steps: int
+    seconds: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    window: str
+    lease_seconds: float
+    margin_seconds: float
+    step_seconds: float
+    step_source: str  # "estimate" or "measured"
+    elapsed: float  # seconds of the lease used when this plan was made
+    slots: list[Slot]
+    trials: list[TrialBudget]
+    train_deadline: float  # seconds after the lease start; training stops here whatever its step count
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        """The plan as a table a person reads (hours and minutes)."""
+        lines = [
+            f"lease {self.window} ({_hm(self.lease_seconds)}), {_hm(self.elapsed)} used, step time "
+            f"{self.step_seconds:.3g} s ({self.step_source})",
+            f"{'phase':<12} {'budget':>8} {'starts':>8} {'deadline':>9}  source",
+        ]
+        for slot in self.slots:
+            times = f"{_hm(slot.seconds):>8} {_hm(slot.start):>8} {_hm(slot.end):>9}"
+            lines.append(f"{slot.name:<12} {times}  {slot.source}")
+        lines.append("")
+        lines.append(f"{'trial':<20} {'steps':>8} {'needs':>8}  fits")
+        for trial in self.trials:
+            lines.append(f"{trial.id:<20} {trial.steps:>8} {_hm(trial.seconds):>8}  {'yes' if trial.fits else 'NO'}")
+        lines.append(f"training stops by {_hm(self.train_deadline)} after the lease start, whatever its step count")
+        return "\n".join(lines)
+
+
+def _hm(seconds: float) -> str:
+    minutes = int(round(seconds / 60))
+    return f"{minutes // 60}h{minutes % 60:02d}"
+
+
+def make_plan(
+    spec: JobSpec,
+    n_train: int,
+    *,
+    window: str | None = None,
+    elapsed: float = 0.0,
+    measured: dict[str, float] | None = None,
+    step_seconds: float | None = None,
+    steps_done: dict[str, int] | None = None,
+) -> PhasePlan:
+    """Cut the lease into slots. `elapsed`: lease seconds already used; `measured`: seconds committed phases
+    took; `step_seconds`: the probe's measurement; `steps_done`: optimizer steps each trial has behind it.
+    Problems (what does not fit, and what to cut) are listed in `problems`; empty means the spec fits."""
+    window = window or spec.rental.window
+    measured, steps_done = measured or {}, steps_done or {}
+    lease = float(WINDOW_SECONDS[window])
+    margin = float(duration_seconds(spec.rental.margin or DEFAULT_MARGIN[window]))
+    step = step_seconds or spec.rental.step_seconds or DEFAULT_STEP_SECONDS
+    trials = resolve_trials(spec)
+    world = spec.distribution.nproc_per_node * spec.distribution.nnodes
+
+    def budget(name: str) -> tuple[str, float, str]:
+        if name in measured:
+            return name, measured[name], "measured"
+        per = len(trials) if name == "evaluate" else 1
+        return name, float(DEFAULT_BUDGETS[name] * per), "default"
+
+    before = [budget(name) for name in BEFORE_TRAINING]
+    after = [budget(name) for name in AFTER_TRAINING]
+    before_total, after_total = sum(s for _, s, _ in before), sum(s for _, s, _ in after)
+    train_deadline = lease - margin - after_total  # the reserve at the end is never given to training
+    train_start = max(before_total, elapsed)
+    available = max(0.0, train_deadline - train_start)
+
+    problems, budgets, needed = [], [], 0.0
+    if train_deadline <= before_total:
+        problems.append(
+            f"rental.window {window}: the fixed phases ({_hm(before_total + after_total)}) and the margin "
+            f"({_hm(margin)}) leave no time for training; cut: a smaller rental.margin, or a longer window"
+        )
+    for trial in trials:
+        steps = planned_steps(trial.training, n_train, world)
+        seconds = max(0, steps - steps_done.get(trial.id, 0)) * step * TRAIN_OVERHEAD
+        needed += seconds
+        budgets.append(TrialBudget(trial.id, steps, seconds, needed <= available))
+    if budgets and not budgets[0].fits and not problems:
+        most = int(available / (step * TRAIN_OVERHEAD))
+        problems.append(
+            f"trial main needs {_hm(budgets[0].seconds)} of training ({budgets[0].steps} steps x {step:.3g} s) "
+            f"but {_hm(available)} fit in the {window} window; cut: training.max_steps <= {most}, fewer epochs, "
+            "or a longer window"
+        )
+    elif not all(b.fits for b in budgets) and not problems:
+        late = [b.id for b in budgets if not b.fits]
+        problems.append(
+            f"experiments {', '.join(late)} do not fit after the trials before them ({_hm(needed)} needed, "
+            f"{_hm(available)} available); cut: remove or shorten them, or use a longer window"
+        )
+
+    slots, at = [], 0.0
+    for name, seconds, source in before:
+        slots.append(Slot(name, seconds, at, at + seconds, source))
+        at += seconds
+    slots.append(Slot("experiments", available, train_start, train_start + available, "left for training"))
+    at = train_deadline
+    for name, seconds, source in after:
+        slots.append(Slot(name, seconds, at, at + seconds, source))
+        at += seconds
+    slots.append(Slot("margin", margin, at, at + margin, "spec" if spec.rental.margin else "default"))
+    step_source = "measured" if step_seconds else "estimate"
+    return PhasePlan(window, lease, margin, step, step_source, elapsed, slots, budgets, train_deadline, problems)

@@ -1,0 +1,100 @@
+"""SIGKILL the runner once inside every phase in turn (a real `rentune` process, killed the moment it
+announces the phase, or a few steps into training); each time a fresh process continues the job, and the
+final results equal those of an uninterrupted run of the same spec: metrics, selection and the exported
+weights, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from entrypoint.runner import PHASES
+from tests.models import build_tiny_bert
+
+ROOT = Path(__file__).resolve().parents[2]
+RENTUNE = Path(sys.executable).parent / "rentune"
+
+
+def _spec(tmp: Path, model: Path) -> Path:
+    spec = {
+        "job": {"id": "killed"},
+        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
+        "guardrails": [{"metric": "f1/*", "tolerance": 1.0}],
+        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
+        "training": {
+            "max_steps": 40,
+            "microbatch": 8,
+            "learning_rate": 0.005,
+            "seed": 5,
+            "deterministic": True,
+            "device": "cpu",
+            "log_every_steps": 1,
+            "checkpoint": {"every_steps": 10, "keep": 2},
+        },
+        "experiments": [
+            {"id": "r2", "changes": ["adaptation.rank"], "rationale": "smaller", "adaptation": {"rank": 2}}
+        ],
+    }
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _run(spec: Path, store: Path, work: Path, kill_at: str | None = None) -> tuple[int, list[str]]:
+    """Run rentune; with `kill_at`, SIGKILL it as soon as a line starting with that text is printed."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    command = [RENTUNE, "run", str(spec), "--store", f"file://{store}", "--workdir", str(work)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if kill_at is not None and line.startswith(kill_at):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.stdout.close()
+    return proc.wait(timeout=600), lines
+
+
+def _final(job: Path) -> dict:
+    results = json.loads((job / "report/results.json").read_text())
+    return {
+        "selected": results["selected"],
+        "trials": {t["id"]: (t["status"], t["steps"], t["metrics"], t["losses"]) for t in results["trials"]},
+        "test": (results["test"]["baseline"], results["test"]["trial"]),
+        "verdict": results["verdict"],
+        "adapter": (job / "export/adapter/adapter_model.safetensors").read_bytes(),
+        "binding_trial": json.loads((job / "export/BINDING.json").read_text())["trial_id"],
+    }
+
+
+def test_sigkill_inside_every_phase_then_a_fresh_process_finishes_the_same_job(tmp_path):
+    model = build_tiny_bert(tmp_path / "bert")
+    spec = _spec(tmp_path, model)
+    code, lines = _run(spec, tmp_path / "reference", tmp_path / "work-ref")
+    assert code == 0, "\n".join(lines[-40:])
+    reference = _final(tmp_path / "reference/jobs/killed")
+
+    store, job = tmp_path / "store", tmp_path / "store/jobs/killed"
+    for n, (phase, _) in enumerate(PHASES):
+        kill_at = "train: step 15/" if phase == "train" else f"{phase}: starting"
+        code, lines = _run(spec, store, tmp_path / f"node-{n}", kill_at=kill_at)  # a new node each time
+        assert code == -signal.SIGKILL, f"{phase}: the run ended before it was killed:\n" + "\n".join(lines[-20:])
+        assert not (job / f"phases/{phase}/result.json").exists(), f"killed after {phase} committed"
+        assert not (job / f"attempts/{n + 1}/ended.json").exists()  # SIGKILL leaves no end record
+        assert all(
+            (job / f"phases/{done}/result.json").exists()
+            for done, _ in PHASES[: PHASES.index((phase, _)) if False else n]
+        )
+    code, lines = _run(spec, store, tmp_path / "node-last")
+    assert code == 0, "\n".join(lines[-40:])
+    assert "train: resuming from committed checkpoint step" not in "\n".join(lines)  # train finished earlier
+    assert f"attempt {len(PHASES)} ended killed" in "\n".join(lines)
+    assert _final(job) == reference

@@ -1,0 +1,134 @@
+"""The lease is enforced with an injected clock (no sleeping): a lease that ends mid-training stops the
+training at the plan's deadline with a checkpoint, the job still verifies (in a fresh process) and exports,
+and the report says training was cut short. Then `verify-export` accepts the true base model and refuses
+one with a single changed byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from entrypoint.runner import run_job
+from entrypoint.store import FileStore
+from jobspec import parse_spec
+from tests.models import build_tiny_bert
+
+ROOT = Path(__file__).resolve().parents[2]
+RENTUNE = Path(sys.executable).parent / "rentune"
+LEASE_START = datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc)
+MAX_STEPS = 120
+
+
+class FakeClock:
+    """Wall-clock time that moves one hour every time it is read: training reads it once per step, so the
+    3-day lease runs out after a few dozen steps of a tiny model."""
+
+    def __init__(self, start: float, tick: float = 3600.0):
+        self.now, self.tick, self.reads = start, tick, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def cut_job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lease")
+    model = build_tiny_bert(tmp / "bert")
+    spec = {
+        "job": {"id": "lease"},
+        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
+        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
+        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
+        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
+        "training": {"max_steps": MAX_STEPS, "microbatch": 8, "learning_rate": 0.005, "device": "cpu"},
+        "rental": {"window": "3d", "started_at": LEASE_START.isoformat(), "margin": "2h"},
+        "experiments": [
+            {
+                "id": "lr-low",
+                "changes": ["training.learning_rate"],
+                "rationale": "r",
+                "training": {"learning_rate": 0.001},
+            }
+        ],
+    }
+    loaded = parse_spec(yaml.safe_dump(spec), source="spec.yaml")
+    clock = FakeClock(LEASE_START.timestamp())
+    lines: list[str] = []
+    outcome = run_job(loaded, FileStore(tmp / "store"), tmp / "work", lines.append, clock=clock)
+    return tmp, model, tmp / "store/jobs/lease", outcome, lines
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def test_training_stops_at_the_deadline_and_the_job_still_verifies_and_exports(cut_job):
+    _, _, job, outcome, lines = cut_job
+    assert outcome.ran == ["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]
+    plan = _json(job / "plan.json")
+    main = _json(job / "trials/main/result.json")
+    assert main["status"] == "stopped" and "cut short at the plan's training deadline" in main["reason"]
+    assert 0 < main["steps"] < MAX_STEPS and main["budget"]["status"] == "short"
+    # the clock moves 1 h per step: training stopped at the first step at or past the deadline
+    assert any(f"stopping at step {main['steps']}" in line for line in lines)
+    manifest = job / f"trials/main/checkpoints/step-{main['steps']:08d}/MANIFEST.json"
+    assert manifest.is_file()  # the weights at the deadline were committed
+    assert plan["train_deadline_at"] < plan["lease_end_at"] - 2 * 3600  # margin and final phases kept free
+
+    variant = _json(job / "trials/lr-low/result.json")
+    assert variant["status"] == "stopped" and variant["reason"].startswith("not started")
+    verify = _json(job / "phases/verify/result.json")
+    assert verify["checkpoint_step"] == main["steps"] and verify["outputs_equal"]
+    assert verify["fresh_process_pid"] != os.getpid()
+    assert _json(job / "export/BINDING.json")["trial_id"] == "main"
+    results = _json(job / "report/results.json")
+    assert [t["status"] for t in results["trials"]] == ["stopped", "stopped"]
+    notes = " ".join(results["limitations"])
+    assert "cut short at the plan's training deadline" in notes and "lr-low is stopped: not started" in notes
+    assert "cut short" in (job / "report/report.md").read_text()
+
+
+def test_status_shows_phases_trials_and_attempts(cut_job):
+    tmp, _, _, _, _ = cut_job
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    shown = subprocess.run(
+        [RENTUNE, "status", "lease", "--store", f"file://{tmp / 'store'}"], env=env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "lease 3d: ends in" in out and "training deadline in" in out
+    for phase in ("data", "train", "verify", "export"):
+        assert any(line.startswith(phase) and "committed" in line for line in out.splitlines()), phase
+    assert any(line.startswith("main") and "stopped" in line for line in out.splitlines())
+    assert "1: started 2026-11-30 09:00 UTC, completed" in out  # the fake clock's first reading
+
+
+def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_job, tmp_path):
+    _, model, job, _, _ = cut_job
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def verify_export(base: Path) -> subprocess.CompletedProcess:
+        command = [RENTUNE, "verify-export", str(job / "export"), "--base", str(base)]
+        return subprocess.run(command, env=env, capture_output=True, text=True)
+
+    accepted = verify_export(model)
+    assert accepted.returncode == 0 and accepted.stdout.startswith("OK "), accepted.stderr
+    tampered = tmp_path / "bert"
+    shutil.copytree(model, tampered)
+    weights = tampered / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    refused = verify_export(tampered)
+    assert refused.returncode == 2
+    assert "refused" in refused.stderr and "files that differ: model.safetensors" in refused.stderr

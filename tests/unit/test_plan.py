@@ -1,0 +1,96 @@
+"""The lease plan: per-window budgets that always keep the export and the margin, and refusals that say
+what to cut. Pure Python, no torch."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from entrypoint.cli import main
+from jobspec import parse_spec
+from jobspec.plan import AFTER_TRAINING, DEFAULT_BUDGETS, make_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = yaml.safe_load((ROOT / "jobspec/examples/quickstart.yaml").read_text())
+
+
+def _spec(**changes):
+    spec = copy.deepcopy(GOOD)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = spec
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return parse_spec(yaml.safe_dump(spec), source="spec.yaml").spec
+
+
+def _slots(plan) -> dict:
+    return {slot.name: slot for slot in plan.slots}
+
+
+@pytest.mark.parametrize("window,hours", [("3d", 72), ("7d", 168), ("30d", 720)])
+def test_every_window_keeps_export_and_margin_at_the_end(window, hours):
+    spec = _spec(**{"rental.margin": None})
+    plan = make_plan(spec, 288, window=window)
+    slots = _slots(plan)
+    assert plan.lease_seconds == hours * 3600 and not plan.problems
+    assert slots["margin"].end == hours * 3600 and slots["export"].end == slots["margin"].start
+    assert slots["export"].seconds == DEFAULT_BUDGETS["export"]
+    assert plan.train_deadline == slots["experiments"].end == slots["evaluate"].start
+    reserve = sum(slots[name].seconds for name in AFTER_TRAINING) + slots["margin"].seconds
+    assert plan.train_deadline == hours * 3600 - reserve
+    for earlier, later in zip(plan.slots, plan.slots[1:], strict=False):
+        assert earlier.end <= later.start + 1e-9  # slots never overlap
+
+
+def test_longer_windows_give_more_room_for_variants_and_a_larger_margin():
+    spec = _spec(**{"rental.margin": None, "rental.step_seconds": 1200.0})  # 108 steps ~ 40 h
+    plans = {w: make_plan(spec, 288, window=w) for w in ("3d", "7d", "30d")}
+    margins = [plans[w].margin_seconds for w in ("3d", "7d", "30d")]
+    assert margins == sorted(margins) and margins[0] < margins[-1]
+    room = [_slots(plans[w])["experiments"].seconds for w in ("3d", "7d", "30d")]
+    assert room[0] < room[1] < room[2]
+    # each trial: 108 steps x 1200 s x 1.1 = 39.6 h; 3d leaves about 67 h: main fits, the variant does not
+    assert [t.fits for t in plans["3d"].trials] == [True, False]
+    assert "experiments rank-2 do not fit" in plans["3d"].problems[0] and "cut" in plans["3d"].problems[0]
+    assert all(t.fits for t in plans["7d"].trials) and not plans["30d"].problems
+
+
+def test_a_main_trial_that_cannot_fit_is_refused_with_what_to_cut(tmp_path):
+    spec = copy.deepcopy(GOOD)
+    spec["rental"] = {"window": "3d", "step_seconds": 5000.0}
+    spec["data"]["source"] = str(ROOT / "examples/data/tickets.jsonl")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "trial main needs" in result.output and "cut: training.max_steps <= " in result.output
+    most = int(result.output.split("training.max_steps <= ")[1].split(",")[0])
+    spec["training"]["max_steps"] = most
+    spec["experiments"] = []
+    path.write_text(yaml.safe_dump(spec))
+    fits = CliRunner().invoke(main, ["plan", str(path)])
+    assert fits.exit_code == 0, fits.output  # the advice is exact: that many steps do fit
+    assert "experiments" in fits.output and "margin" in fits.output
+
+
+def test_a_margin_longer_than_the_lease_is_refused():
+    plan = make_plan(_spec(**{"rental.margin": "80h"}), 288)
+    assert plan.problems and "leave no time for training" in plan.problems[0]
+
+
+def test_replanning_uses_time_used_measured_phases_and_the_probe_step():
+    spec = _spec()
+    fresh = make_plan(spec, 288)
+    later = make_plan(spec, 288, elapsed=30 * 3600, measured={"data": 5.0, "probe": 7.0}, step_seconds=0.3)
+    assert _slots(later)["data"].seconds == 5.0 and _slots(later)["data"].source == "measured"
+    assert later.step_source == "measured" and later.trials[0].seconds == pytest.approx(108 * 0.3 * 1.1)
+    assert _slots(later)["experiments"].start == 30 * 3600  # training can only start now
+    assert later.train_deadline == fresh.train_deadline  # the reserve at the end does not move
+    done = make_plan(spec, 288, steps_done={"main": 108})
+    assert done.trials[0].seconds == 0.0
