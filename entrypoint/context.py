@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,8 +51,24 @@ class PhaseContext:
         self.store.put_bytes(key, dumps(obj))
 
     def read_split(self, name: str) -> list[dict]:
-        """A split as the data phase committed it: rows of {"text", "label"}."""
-        return read_jsonl(self.store.get_bytes(f"phases/data/{name}.jsonl"))
+        """A split as the data phase committed it: rows of {"text", "label"}, {"prompt", "response", "label"},
+        or for images {"image", "sha256", "label"} plus "path", the image downloaded into the work dir (its
+        sha256 checked), so that any node can train from the store alone."""
+        rows = read_jsonl(self.store.get_bytes(f"phases/data/{name}.jsonl"))
+        if self.spec.data.modality == "image":
+            folder = self.workdir / "images"
+            folder.mkdir(parents=True, exist_ok=True)
+            for row in rows:
+                local = folder / row["image"]
+                if not local.is_file():
+                    data = self.store.get_bytes(f"phases/data/images/{row['image']}")
+                    if hashlib.sha256(data).hexdigest() != row["sha256"]:
+                        raise ValueError(f"phases/data/images/{row['image']}: content does not match its sha256")
+                    partial = local.with_suffix(local.suffix + ".partial")
+                    partial.write_bytes(data)
+                    os.replace(partial, local)
+                row["path"] = str(local)
+        return rows
 
     @property
     def labels(self) -> list[str]:

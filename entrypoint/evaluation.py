@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from entrypoint.classify import predict_labels
+from entrypoint.classify import predict_image_labels, predict_labels
 from entrypoint.formats import FORMATS_VERSION, extraction_report, format_report
 from entrypoint.generate import decoding, generate_responses
 from entrypoint.metrics import METRICS_VERSION, classification_report
-from entrypoint.preprocess import PREPROCESS_VERSION, is_causal
+from entrypoint.preprocess import PREPROCESS_VERSION, is_causal, is_image
 from jobspec.schema import JobSpec
 
 __all__ = ["EVAL_VERSION", "eval_config", "predict", "score"]
@@ -25,6 +25,10 @@ EVAL_VERSION = "eval-1"
 
 def predict(model, tokenizer, rows: Sequence[dict], spec: JobSpec, labels: Sequence[str], device) -> list[str]:
     """The model's output for every row: a label, or the generated response."""
+    if is_image(spec):
+        paths = [r["path"] for r in rows]
+        modes = spec.data.image_modes
+        return predict_image_labels(model, tokenizer, paths, labels, modes, spec.training.eval_batch, device)
     if is_causal(spec):
         return generate_responses(
             model,
@@ -82,6 +86,7 @@ def eval_config(spec: JobSpec, split: str, data_version: str, base_sha256: str) 
         "eval_batch": spec.training.eval_batch,
         "seed": spec.training.seed,
         "decoding": decoding(spec.model.max_new_tokens) if causal else {"method": "argmax of the classifier logits"},
+        **({"modality": "image", "image_modes": spec.data.image_modes} if is_image(spec) else {}),
         **({"template": spec.data.template} if causal else {}),
         **({"format": spec.hypothesis.format.model_dump()} if spec.hypothesis.format else {}),
         **(

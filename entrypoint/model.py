@@ -119,20 +119,27 @@ def _classifier_options(labels: list[str]) -> dict:
     }
 
 
-def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adaptation) -> torch.nn.Module:
+def build_model(
+    folder: Path, causal: bool, labels: list[str], adaptation: Adaptation, image: bool = False
+) -> torch.nn.Module:
     """The model to train: a causal LM, or a sequence classifier over `labels` (a new head); LoRA-wrapped
     (a classifier head then trains in full) or fully trainable.
 
     Raises ModelError when weights other than a new head are missing from the checkpoint (they would be
     random, and frozen under LoRA) or when a LoRA target module matches nothing in the real model.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForSequenceClassification
 
     if causal:
         model, info = AutoModelForCausalLM.from_pretrained(
             folder, use_safetensors=True, trust_remote_code=False, output_loading_info=True
         )
         new_head: tuple[str, ...] = ()
+    elif image:
+        model, info = AutoModelForImageClassification.from_pretrained(
+            folder, **_classifier_options(labels), ignore_mismatched_sizes=True, output_loading_info=True
+        )
+        new_head = ("classifier",)
     else:
         model, info = AutoModelForSequenceClassification.from_pretrained(
             folder, **_classifier_options(labels), output_loading_info=True
@@ -156,14 +163,17 @@ def build_model(folder: Path, causal: bool, labels: list[str], adaptation: Adapt
             f"adaptation.target_modules: {unmatched} match no module of {type(model).__name__}; "
             f"candidates include {sorted(n for n in names if n and not n.isdigit())[:20]}"
         )
+    saved = list(adaptation.modules_to_save)
+    if image and "classifier" not in saved:
+        saved.append("classifier")  # the new head trains in full and is saved with the adapter
     config = LoraConfig(
         # SEQ_CLS also puts the new classifier head in modules_to_save, so it trains and is saved.
-        task_type=TaskType.CAUSAL_LM if causal else TaskType.SEQ_CLS,
+        task_type=TaskType.CAUSAL_LM if causal else None if image else TaskType.SEQ_CLS,
         r=adaptation.rank,
         lora_alpha=adaptation.alpha,
         lora_dropout=adaptation.dropout,
         target_modules=list(adaptation.target_modules) if adaptation.target_modules else None,
-        modules_to_save=list(adaptation.modules_to_save) or None,
+        modules_to_save=saved or None,
     )
     try:
         return get_peft_model(model, config)
@@ -193,18 +203,23 @@ def load_causal_lm(folder: Path) -> torch.nn.Module:
 
 
 def load_trained(
-    base_folder: Path, weights_folder: Path, labels: list[str], method: str, causal: bool = False
+    base_folder: Path, weights_folder: Path, labels: list[str], method: str, causal: bool = False, image: bool = False
 ) -> torch.nn.Module:
     """Reload a trained model the way a user would: the base model plus the saved peft adapter
     (`PeftModel.from_pretrained`), or the saved full model for `method == "full"`."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForSequenceClassification
 
     if method == "full":
-        auto = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+        auto = AutoModelForCausalLM if causal else AutoModelForImageClassification if image else None
+        auto = auto or AutoModelForSequenceClassification
         return auto.from_pretrained(weights_folder, use_safetensors=True, trust_remote_code=False)
     from peft import PeftModel
 
-    if causal:
+    if image:
+        base = AutoModelForImageClassification.from_pretrained(
+            base_folder, **_classifier_options(labels), ignore_mismatched_sizes=True
+        )
+    elif causal:
         base = AutoModelForCausalLM.from_pretrained(base_folder, use_safetensors=True, trust_remote_code=False)
     else:
         base = AutoModelForSequenceClassification.from_pretrained(base_folder, **_classifier_options(labels))

@@ -4,6 +4,8 @@ Classification: `tokenizer(text, truncation=True, max_length)`; the loss is on t
 Causal LM: `[bos] + tokens(template.format(prompt)) + tokens(response) + [eos]`, each part tokenized
 without special tokens, cut to `max_length` from the right (the response's end goes first); labels are
 the input ids with every prompt position set to -100, so only response tokens (and eos) count in the loss.
+Images: the file decoded with Pillow (modes outside `data.image_modes` refused), converted to RGB, then
+the base model's own image processor (`AutoImageProcessor`): resize, crop, rescale, normalise.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ __all__ = [
     "encode_classification",
     "encode_rows",
     "is_causal",
+    "is_image",
+    "load_processor",
     "prepare_tokenizer",
     "tokenizer_sha256",
 ]
@@ -40,12 +44,28 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "spiece.model",
     "added_tokens.json",
+    "preprocessor_config.json",  # image processors
 )
 
 
 def is_causal(spec: JobSpec) -> bool:
     """Format adherence and extraction are generation tasks: a causal LM. Classification: an encoder head."""
     return spec.hypothesis.task in ("format", "extraction")
+
+
+def is_image(spec: JobSpec) -> bool:
+    return spec.data.modality == "image"
+
+
+def load_processor(folder: Path, spec: JobSpec):
+    """What turns a row into model inputs: the tokenizer (text) or the image processor (images)."""
+    if is_image(spec):
+        from transformers import AutoImageProcessor
+
+        return AutoImageProcessor.from_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(folder), is_causal(spec))
 
 
 def tokenizer_sha256(folder: Path) -> str:
@@ -93,9 +113,20 @@ def encode_causal(tokenizer, prompt: str, response: str, template: str, max_leng
     return Encoded(features, full, full > max_length)
 
 
+def encode_image(processor, path: str, label_id: int, modes: Sequence[str]) -> Encoded:
+    from entrypoint.images import load_image
+
+    image, _, _ = load_image(path, modes)
+    pixels = processor(images=image, return_tensors="pt")["pixel_values"][0]
+    return Encoded({"pixel_values": pixels, "labels": label_id}, 0, False)
+
+
 def encode_rows(tokenizer, rows: Sequence[dict], spec: JobSpec, labels: Sequence[str]) -> list[Encoded]:
-    """Every row as the trainer sees it."""
+    """Every row as the trainer sees it (`tokenizer` is the image processor for images)."""
     max_length = spec.model.max_length
+    if is_image(spec):
+        index = {label: i for i, label in enumerate(labels)}
+        return [encode_image(tokenizer, r["path"], index[r["label"]], spec.data.image_modes) for r in rows]
     if is_causal(spec):
         template = spec.data.template
         return [encode_causal(tokenizer, r["prompt"], r["response"], template, max_length) for r in rows]
@@ -103,10 +134,13 @@ def encode_rows(tokenizer, rows: Sequence[dict], spec: JobSpec, labels: Sequence
     return [encode_classification(tokenizer, r["text"], index[r["label"]], max_length) for r in rows]
 
 
-def collator(tokenizer, causal: bool):
-    """Pads a batch: inputs with the pad token, causal-LM labels with IGNORE_INDEX."""
-    from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding
+def collator(tokenizer, causal: bool, image: bool = False):
+    """Pads a batch: inputs with the pad token, causal-LM labels with IGNORE_INDEX. Images: stacks the
+    (equal-sized) pixel tensors."""
+    from transformers import DataCollatorForSeq2Seq, DataCollatorWithPadding, default_data_collator
 
+    if image:
+        return default_data_collator
     if causal:
         return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, padding=True)
     return DataCollatorWithPadding(tokenizer)

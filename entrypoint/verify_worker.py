@@ -24,7 +24,7 @@ from entrypoint.checkpoint import checkpoint_prefix, find_latest
 from entrypoint.context import PhaseContext, dumps
 from entrypoint.evaluation import predict, score
 from entrypoint.model import load_trained, resolve_model_dir
-from entrypoint.preprocess import is_causal, prepare_tokenizer
+from entrypoint.preprocess import is_causal, is_image, load_processor
 from entrypoint.runner import job_store
 from entrypoint.store import ObjectNotFound, open_store
 from jobspec.load import parse_spec
@@ -61,13 +61,11 @@ def verify(ctx: PhaseContext, trial_id: str, log) -> dict:
     if not same:
         raise VerifyError(f"trial {trial_id}: final/{names[0]} differs from checkpoint step {found.step}'s weights")
 
-    from transformers import AutoTokenizer
-
     base = resolve_model_dir(spec.model)
     causal = is_causal(spec)
     labels = ctx.labels
-    model = load_trained(base, found.folder, labels, record["settings"]["adaptation"]["method"], causal)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base), causal)
+    model = load_trained(base, found.folder, labels, record["settings"]["adaptation"]["method"], causal, is_image(spec))
+    tokenizer = load_processor(base, spec)
     rows = ctx.read_split("eval")
     outputs = predict(model, tokenizer, rows, spec, labels, ctx.device)
     return {

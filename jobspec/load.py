@@ -151,6 +151,10 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
     if spec.adaptation.method == "full" and spec.adaptation.modules_to_save:
         errors.append(f"{source}: adaptation.modules_to_save: expected empty with method 'full' (all train)")
     errors += [f"{source}: {line}" for line in trial_errors(spec)]
+    if spec.data.modality == "image" and spec.hypothesis.task != "classification":
+        errors.append(f"{source}: data.modality: expected text for task {spec.hypothesis.task}; images are classified")
+    if spec.data.modality == "image" and (spec.data.source or "").startswith("s3://"):
+        errors.append(f"{source}: data.source: expected a local folder or JSONL for images (s3:// is for text data)")
     labels = spec.data.labels
     for i, guardrail in enumerate(spec.guardrails):
         name, _, part = guardrail.metric.partition("/")

@@ -253,6 +253,13 @@ class LeakPolicy(_Section):
         description="Jaccard similarity of word 3-grams from which two examples are near duplicates. One word "
         "changed in a 20-word text scores about 0.73, in a 40-word text about 0.86.",
     )
+    image_max_distance: int = Field(
+        4,
+        ge=0,
+        le=32,
+        description="Images: Hamming distance between 64-bit perceptual hashes (pHash) at or below which two "
+        "different files are near duplicates (a re-encoded or slightly resized copy is usually within 4).",
+    )
     eval: LeakAction = Field("drop", description="Leaks between train and eval: drop them from train, warn or fail.")
     test: LeakAction = Field(
         "fail",
@@ -261,9 +268,23 @@ class LeakPolicy(_Section):
 
 
 class Data(_Section):
-    source: PathStr | None = Field(None, description="One JSONL file (local or s3://) that rentune splits.")
+    modality: Literal["text", "image"] = Field(
+        "text", description="text: JSONL rows; image: an ImageFolder (a folder per category) or JSONL rows with paths."
+    )
+    source: PathStr | None = Field(
+        None, description="One JSONL file (local or s3://), or for images a folder or JSONL, that rentune splits."
+    )
     files: SplitFiles | None = Field(None, description="Or the three splits as given files.")
     text_field: str = Field("text", min_length=1, max_length=100, description="Classification: the input text.")
+    image_field: str = Field(
+        "image", min_length=1, max_length=100, description="Images in JSONL: the image path (relative to the file)."
+    )
+    image_modes: list[str] = Field(
+        default_factory=lambda: ["RGB", "L"],
+        min_length=1,
+        description="Image modes accepted (each converted to RGB); an image in any other mode is an error naming "
+        "the file.",
+    )
     label_field: str = Field(
         "label", min_length=1, max_length=100, description="The category (for causal LMs: optional group name)."
     )

@@ -1,23 +1,23 @@
 """Baseline phase: the untouched base model on the eval split, before any training (never the test split,
 which stays sealed until one trial is chosen).
 
-For an encoder, a fresh classification head would only measure its random initialisation, so the
-baseline is zero-shot: each text gets the category whose description embeds closest to it. For a causal
-LM, the untouched model generates a response to each prompt with the same decoding every trial uses.
-Per-example outputs, metrics and the full eval config are stored, so later comparisons can be audited.
+For an image model, the baseline is the untouched backbone's embeddings with the nearest category mean
+of the train split. For a text encoder, a fresh classification head would only measure its random
+initialisation, so the baseline is zero-shot: each text gets the category whose description embeds
+closest to it. For a causal LM, the untouched model generates a response to each prompt with the same
+decoding every trial uses. Per-example outputs, metrics and the full eval config are stored, so later
+comparisons can be audited.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformers import AutoTokenizer
-
-from entrypoint.classify import zero_shot_labels
+from entrypoint.classify import centroid_labels, zero_shot_labels
 from entrypoint.context import PhaseContext, to_jsonl
 from entrypoint.evaluation import eval_config, predict, score
 from entrypoint.model import hash_base_model, load_causal_lm, load_encoder, resolve_model_dir
-from entrypoint.preprocess import is_causal, prepare_tokenizer
+from entrypoint.preprocess import is_causal, is_image, load_processor
 
 __all__ = ["baseline_outputs", "run"]
 
@@ -27,7 +27,20 @@ def baseline_outputs(ctx: PhaseContext, rows: Sequence[dict]) -> tuple[list[str]
     spec, labels = ctx.spec, ctx.labels
     folder = resolve_model_dir(spec.model)
     causal = is_causal(spec)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    tokenizer = load_processor(folder, spec)
+    if is_image(spec):
+        train = [(r["path"], r["label"]) for r in ctx.read_split("train")]
+        outputs = centroid_labels(
+            load_encoder(folder),
+            tokenizer,
+            train,
+            [r["path"] for r in rows],
+            labels,
+            spec.data.image_modes,
+            spec.training.eval_batch,
+            ctx.device,
+        )
+        return outputs, {"method": "nearest_train_centroid", "embedding": "pooler output or first token, cosine"}
     if causal:
         return predict(load_causal_lm(folder), tokenizer, rows, spec, labels, ctx.device), {
             "method": "untouched_model_generation"

@@ -33,11 +33,22 @@ from entrypoint.preprocess import (
     collator,
     encode_rows,
     is_causal,
+    is_image,
     prepare_tokenizer,
     tokenizer_sha256,
 )
 
-__all__ = ["SPLITS", "DataError", "data_version", "run", "split_rows"]
+__all__ = [
+    "LEAK_PAIRS",
+    "SPLITS",
+    "DataError",
+    "apply_leak_policy",
+    "check_categories",
+    "data_version",
+    "run",
+    "smoke_pass",
+    "split_rows",
+]
 
 SPLITS = ("train", "eval", "test")
 SPLIT_VERSION = "stratified-1"
@@ -94,7 +105,7 @@ def _dedupe(rows: list[dict], key_fields: tuple[str, ...], where: str) -> tuple[
     return list(seen.values()), len(rows) - len(seen)
 
 
-def _check_categories(splits: dict[str, list[dict]], declared: list[str] | None) -> list[str]:
+def check_categories(splits: dict[str, list[dict]], declared: list[str] | None) -> list[str]:
     for name, rows in splits.items():
         if not rows:
             raise DataError(f"data: the {name} split is empty (after cleaning and leak handling)")
@@ -115,6 +126,16 @@ def _handle_leaks(ctx: PhaseContext, splits: dict[str, list[dict]]) -> tuple[dic
     texts = {name: [_leak_text(r) for r in rows] for name, rows in splits.items()}
     pairs = [(dropped, kept) for kept, dropped, _ in LEAK_PAIRS]
     found = find_leaks(texts, pairs, threshold=policy.near_threshold)
+    return apply_leak_policy(ctx, splits, found, texts, LEAKCHECK_VERSION, policy.near_threshold)
+
+
+def apply_leak_policy(
+    ctx: PhaseContext, splits: dict[str, list[dict]], found: list, shown: dict[str, list[str]], method: str, threshold
+) -> tuple[dict[str, list[dict]], dict]:
+    """Apply `data.leaks` to the leaks found: fail (listing the pairs), drop from the training side, or warn.
+    `shown` holds what identifies each row in messages (the text, or the image's file name)."""
+    policy = ctx.spec.data.leaks
+    texts = shown
     action_for = {(dropped, kept): getattr(policy, which) for kept, dropped, which in LEAK_PAIRS}
     records, failing, doomed = [], [], defaultdict(set)
     for leak in found:
@@ -135,8 +156,8 @@ def _handle_leaks(ctx: PhaseContext, splits: dict[str, list[dict]]) -> tuple[dic
         else:
             ctx.log(f"data: warning: {leak.kind} duplicate {leak.a_split}/{leak.b_split} ({leak.similarity:.2f})")
     summary = {
-        "method": LEAKCHECK_VERSION,
-        "near_threshold": policy.near_threshold,
+        "method": method,
+        "near_threshold": threshold,
         "policy": {"eval": policy.eval, "test": policy.test},
         "pairs": records,
         "counts": dict(Counter(f"{r['pair']}:{r['kind']}" for r in records)),
@@ -163,11 +184,20 @@ def _handle_leaks(ctx: PhaseContext, splits: dict[str, list[dict]]) -> tuple[dic
     return splits, summary
 
 
-def _smoke_pass(ctx, folder, tokenizer, encoded: dict, labels: list[str], causal: bool) -> dict:
+def smoke_pass(ctx, folder, tokenizer, encoded: dict, labels: list[str], causal: bool) -> dict:
     """One batch per split through the real collator, forward and loss: wiring errors show now, not after
-    hours of training. Says nothing about quality."""
-    model = build_model(folder, causal, labels, ctx.spec.adaptation).to(ctx.device)
-    collate = collator(tokenizer, causal)
+    hours of training. Says nothing about quality. Records the input shape the model itself received."""
+    image = is_image(ctx.spec)
+    model = build_model(folder, causal, labels, ctx.spec.adaptation, image).to(ctx.device)
+    collate = collator(tokenizer, causal, image)
+    received: dict[str, list[int]] = {}
+
+    def record(module, args, kwargs):
+        for key in ("pixel_values", "input_ids"):
+            if kwargs.get(key) is not None:
+                received[key] = list(kwargs[key].shape)
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
     batch_size = min(ctx.spec.training.microbatch, 8)
     results = {}
     model.eval()
@@ -177,7 +207,7 @@ def _smoke_pass(ctx, folder, tokenizer, encoded: dict, labels: list[str], causal
             loss = model(**{k: v.to(ctx.device) for k, v in batch.items()}).loss.item()
             if not math.isfinite(loss):
                 raise DataError(f"data: smoke pass on the {name} split gave a non-finite loss ({loss})")
-            results[name] = {"batch": len(items[:batch_size]), "loss": loss}
+            results[name] = {"batch": len(items[:batch_size]), "loss": loss, "model_input_shape": dict(received)}
     return {
         "note": "One batch per split through the collator, forward and loss. This checks wiring only; it says "
         "nothing about quality.",
@@ -186,6 +216,10 @@ def _smoke_pass(ctx, folder, tokenizer, encoded: dict, labels: list[str], causal
 
 
 def run(ctx: PhaseContext) -> dict:
+    if is_image(ctx.spec):
+        from entrypoint.phases import data_images
+
+        return data_images.run(ctx)
     spec, data = ctx.spec, ctx.spec.data
     causal = is_causal(spec)
     key_fields = ("prompt", "response") if causal else ("text",)
@@ -206,9 +240,9 @@ def run(ctx: PhaseContext) -> dict:
         splits = split_rows(parts["all"], data.split.eval, data.split.test, data.split.seed)
     else:
         splits = parts
-    _check_categories(splits, data.labels)
+    check_categories(splits, data.labels)
     splits, leaks = _handle_leaks(ctx, splits)
-    labels = _check_categories(splits, data.labels)
+    labels = check_categories(splits, data.labels)
 
     folder = resolve_model_dir(spec.model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
@@ -230,7 +264,7 @@ def run(ctx: PhaseContext) -> dict:
     records = build_inspection(
         tokenizer, splits["train"], encoded["train"], data.inspect_per_category, causal, spec.model.max_length, labels
     )
-    smoke = _smoke_pass(ctx, folder, tokenizer, encoded, labels, causal)
+    smoke = smoke_pass(ctx, folder, tokenizer, encoded, labels, causal)
     ctx.store.put_bytes("phases/data/inspection.json", dumps({"examples": records, "lengths": stats, "smoke": smoke}))
     ctx.store.put_bytes("phases/data/inspection.md", to_markdown(records, stats, causal, smoke).encode())
 

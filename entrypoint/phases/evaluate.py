@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import shutil
 
-from transformers import AutoTokenizer
-
 from entrypoint.context import PhaseContext, read_jsonl, to_jsonl
 from entrypoint.evaluation import eval_config, predict, score
 from entrypoint.model import hash_base_model, load_trained, resolve_model_dir
-from entrypoint.preprocess import is_causal
+from entrypoint.preprocess import is_causal, is_image, load_processor
 from entrypoint.store import get_tree
 from entrypoint.verdict import check_guardrails, hypothesis_verdict
 
@@ -47,8 +45,8 @@ def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[d
     shutil.rmtree(weights, ignore_errors=True)
     get_tree(ctx.store, f"trials/{trial_id}/final", weights)
     method = record["settings"]["adaptation"]["method"]
-    model = load_trained(resolve_model_dir(spec.model), weights, ctx.labels, method, is_causal(spec))
-    tokenizer = AutoTokenizer.from_pretrained(weights)
+    model = load_trained(resolve_model_dir(spec.model), weights, ctx.labels, method, is_causal(spec), is_image(spec))
+    tokenizer = load_processor(weights, spec)
     rows = ctx.read_split(split)
     outputs = predict(model, tokenizer, rows, spec, ctx.labels, ctx.device)
     return rows, outputs, score(spec, rows, outputs, ctx.labels)

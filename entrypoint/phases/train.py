@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import shutil
 
-from transformers import AutoTokenizer, set_seed
+from transformers import set_seed
 
 from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
 from entrypoint.context import PhaseContext, dumps, to_jsonl
@@ -28,7 +28,7 @@ from entrypoint.envinfo import environment, platform_summary
 from entrypoint.evaluation import predict
 from entrypoint.memory import is_oom
 from entrypoint.model import adaptation_summary, build_model, hash_base_model, load_trained, resolve_model_dir
-from entrypoint.preprocess import collator, encode_rows, is_causal, prepare_tokenizer
+from entrypoint.preprocess import collator, encode_rows, is_causal, is_image, load_processor
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.trainer import (
     EXIT_INTERRUPTED,
@@ -206,9 +206,9 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     folder = resolve_model_dir(spec.model)
     labels = ctx.labels
     causal = is_causal(spec)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    tokenizer = load_processor(folder, spec)
     try:
-        model = build_model(folder, causal, labels, spec.adaptation)
+        model = build_model(folder, causal, labels, spec.adaptation, is_image(spec))
     except ValueError as exc:  # e.g. peft: target modules not found in the base model
         raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
     features = [e.features for e in encode_rows(tokenizer, ctx.read_split("train"), spec, labels)]
@@ -251,7 +251,7 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         divergence = DivergenceCallback()
         trainer = build_trainer(
             model,
-            collator(tokenizer, causal),
+            collator(tokenizer, causal, is_image(spec)),
             features,
             spec.training,
             out / "trainer",
@@ -279,7 +279,11 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
 
     # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
-    model = trainer.model if not is_worker() else load_trained(folder, final, labels, spec.adaptation.method, causal)
+    model = (
+        trainer.model
+        if not is_worker()
+        else load_trained(folder, final, labels, spec.adaptation.method, causal, is_image(spec))
+    )
     outputs = predict(model, tokenizer, eval_rows, spec, labels, ctx.device)
     ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
     probe_peak = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
