@@ -117,6 +117,7 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
     from entrypoint.runner import JobConflict, PlanDoesNotFit, Unsupported, run_job
     from entrypoint.store import InvalidKey, open_store
     from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
+    from entrypoint.verdict import GuardrailError
 
     try:
         loaded = load_spec(spec)
@@ -139,7 +140,7 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
     except (JobConflict, TestSealed) as exc:
         click.echo(f"rentune: {exc}", err=True)
         sys.exit(EXIT_CONFLICT)
-    except (DataError, ModelError, Unsupported, PlanDoesNotFit) as exc:
+    except (DataError, ModelError, Unsupported, PlanDoesNotFit, GuardrailError) as exc:
         click.echo(f"rentune: {loaded.source}: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     except Exception as exc:  # the attempt record in the store holds the error too
@@ -379,8 +380,16 @@ def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_sec
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     root = _open_root(store_uri, endpoint_url, region, addressing_style)
 
+    from dataclasses import replace
+
+    from jobspec.schema import Store as StoreSection
+
+    ours = StoreSection(uri=store_uri, endpoint_url=endpoint_url, region=region, addressing_style=addressing_style)
+
     def run(loaded, log):
-        run_job(loaded, root, workdir, log)
+        # A queued spec is untrusted: its data is read with this worker's store settings, never with an
+        # endpoint the spec names (which would receive this node's credentials).
+        run_job(replace(loaded, spec=loaded.spec.model_copy(update={"store": ours})), root, workdir, log)
 
     worker = Worker(root, run, _log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
     _log(f"worker: {worker.name} watching {root.uri}/queue/")

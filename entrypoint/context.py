@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -64,8 +65,10 @@ class PhaseContext:
                     data = self.store.get_bytes(f"phases/data/images/{row['image']}")
                     if hashlib.sha256(data).hexdigest() != row["sha256"]:
                         raise ValueError(f"phases/data/images/{row['image']}: content does not match its sha256")
-                    partial = local.with_suffix(local.suffix + ".partial")
-                    partial.write_bytes(data)
+                    # a unique temp name: the ranks of a torchrun job share this folder
+                    handle, partial = tempfile.mkstemp(dir=folder, suffix=".partial")
+                    with os.fdopen(handle, "wb") as out:
+                        out.write(data)
                     os.replace(partial, local)
                 row["path"] = str(local)
         return rows

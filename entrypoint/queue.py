@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from entrypoint.context import dumps
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
 from entrypoint.trainer import Interrupted
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
@@ -129,12 +129,15 @@ class Worker:
     def _beat(self, claim: Claim, stop: threading.Event) -> None:
         """Refresh the heartbeat; if another worker took the job over, stop ours through the SIGTERM path."""
         while not stop.wait(self.lease_seconds / 4):
-            if _claims(self.root, claim.job_id)[-1] != claim.number:
-                self.log(f"worker: {claim.job_id} was taken over by another worker; stopping here")
-                self.lost = claim.job_id
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            self.root.put_bytes(claim.key("heartbeat"), dumps({"worker": self.name, "at": self.clock()}))
+            try:
+                if _claims(self.root, claim.job_id)[-1] != claim.number:
+                    self.log(f"worker: {claim.job_id} was taken over by another worker; stopping here")
+                    self.lost = claim.job_id
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                self.root.put_bytes(claim.key("heartbeat"), dumps({"worker": self.name, "at": self.clock()}))
+            except StoreError as exc:  # keep beating: a dead heartbeat thread would let a second node take over
+                self.log(f"worker: heartbeat for {claim.job_id} failed ({exc}); retrying")
 
     def run_one(self, job_id: str) -> bool:
         """Validate, claim and run one queued job. True if this worker ran (or rejected) it."""

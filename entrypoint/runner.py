@@ -153,7 +153,7 @@ def lease_start(spec: JobSpec, store: Store) -> float:
     return json.loads(store.get_bytes("attempts/1/started.json"))["started_at"]
 
 
-def current_plan(spec: JobSpec, store: Store, now: float) -> dict | None:
+def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = None) -> dict | None:
     """The plan from what the store holds now: committed phases' measured seconds, the probe's step time,
     trials done. None before the number of training examples is known (data in s3://, data phase not run)."""
     data = read_result(store, "data")
@@ -180,7 +180,7 @@ def current_plan(spec: JobSpec, store: Store, now: float) -> dict | None:
         if info.key.endswith("/result.json") and info.key.count("/") == 2:
             record = json.loads(store.get_bytes(info.key))
             steps_done[record["trial_id"]] = 10**12  # finished, whatever its status: nothing left to train
-    start = lease_start(spec, store)
+    start = lease_start(spec, store) if start is None else start
     plan = make_plan(
         spec, n_train, elapsed=max(0.0, now - start), measured=measured, step_seconds=step, steps_done=steps_done
     )
@@ -247,6 +247,12 @@ def run_job(
         raise ValueError(f"--until {until!r}: expected one of {', '.join(name for name, _ in PHASES)}")
     spec = loaded.spec
     store = job_store(root, spec.job.id)
+    if store.head("spec.yaml") is None:  # a new job: refuse it before anything is stored if it cannot fit
+        now = clock()
+        started = spec.rental.started_at.timestamp() if spec.rental.started_at else now
+        fresh = current_plan(spec, store, now, start=started)
+        if fresh is not None and fresh["problems"]:
+            raise PlanDoesNotFit("\n".join(fresh["problems"]))
     _freeze_spec(store, loaded)
     attempt = attempt_number(store, clock)
     log = _StoreLog(store, f"attempts/{attempt}/log.txt", log)
@@ -262,8 +268,6 @@ def run_job(
     finished = store.head(f"phases/{PHASES[-1][0]}/result.json") is not None
     plan = None if finished else current_plan(spec, store, clock())  # a finished job keeps its last plan
     if plan is not None:
-        if plan["problems"] and store.head("phases/data/result.json") is None:
-            raise PlanDoesNotFit("\n".join(plan["problems"]))
         for problem in plan["problems"]:
             log(f"plan: {problem}")
         store.put_bytes("plan.json", dumps(plan))

@@ -40,6 +40,11 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
     try:
         text = store.get_bytes("spec.yaml").decode()
     except ObjectNotFound:
+        if root.head(f"queue/{job_id}.yaml") is not None:
+            return f"job {job_id}: queued in {root.uri}/queue/, waiting for a worker"
+        for folder in ("rejected", "failed"):
+            if root.head(f"queue/{folder}/{job_id}.yaml") is not None:
+                return f"job {job_id}: {folder}, see {root.uri}/queue/{folder}/{job_id}.*.txt"
         raise ObjectNotFound(f"{store.uri}: no job {job_id!r} in this store") from None
     spec = parse_spec(text, source=f"{store.uri}/spec.yaml").spec
     plan = _json(store, "plan.json")

@@ -12,17 +12,23 @@ from collections.abc import Mapping, Sequence
 from entrypoint.formats import higher_is_better
 from jobspec.schema import Guardrail, Hypothesis
 
-__all__ = ["check_guardrails", "expand", "higher_is_better", "hypothesis_verdict"]
+__all__ = ["GuardrailError", "check_guardrails", "expand", "higher_is_better", "hypothesis_verdict"]
+
+
+class GuardrailError(ValueError):
+    """A guardrail names a metric this job does not compute."""
 
 
 def expand(pattern: str, computed: Mapping[str, float]) -> list[str]:
-    """The metric names a guardrail covers. Raises ValueError if none was computed."""
+    """The metric names a guardrail covers. Raises GuardrailError if none was computed."""
     if pattern.endswith("/*"):
         names = sorted(name for name in computed if name.startswith(pattern[:-1]))
     else:
         names = [pattern] if pattern in computed else []
     if not names:
-        raise ValueError(f"guardrail {pattern!r}: no such metric was computed; computed: {', '.join(sorted(computed))}")
+        raise GuardrailError(
+            f"guardrails: {pattern!r}: no such metric is computed for this job; computed: {', '.join(sorted(computed))}"
+        )
     return names
 
 

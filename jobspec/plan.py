@@ -72,8 +72,12 @@ def count_train_examples(spec: JobSpec) -> int | None:
     if location.startswith("s3://"):
         return None
     path = Path(location.removeprefix("file://"))
-    with path.open("rb") as handle:
-        lines = sum(1 for line in handle if line.strip())
+    if path.is_dir():  # an ImageFolder: one folder per category
+        suffixes = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+        lines = sum(1 for p in path.rglob("*") if p.suffix.lower() in suffixes and not p.name.startswith("."))
+    else:
+        with path.open("rb") as handle:
+            lines = sum(1 for line in handle if line.strip())
     if data.files:
         return lines
     return max(1, round(lines * (1 - data.split.eval - data.split.test)))

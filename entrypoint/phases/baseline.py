@@ -18,6 +18,7 @@ from entrypoint.context import PhaseContext, to_jsonl
 from entrypoint.evaluation import eval_config, predict, score
 from entrypoint.model import hash_base_model, load_causal_lm, load_encoder, resolve_model_dir
 from entrypoint.preprocess import is_causal, is_image, load_processor
+from entrypoint.verdict import check_guardrails
 
 __all__ = ["baseline_outputs", "run"]
 
@@ -68,6 +69,8 @@ def run(ctx: PhaseContext) -> dict:
     rows = ctx.read_split("eval")
     outputs, method = baseline_outputs(ctx, rows)
     report = score(ctx.spec, rows, outputs, ctx.labels)
+    # Every guardrail must name a metric this job computes: checked now, not after days of training.
+    check_guardrails(ctx.spec.guardrails, report["metrics"], report["metrics"])
     base_sha = hash_base_model(resolve_model_dir(ctx.spec.model)).sha256
     data_version = ctx.read_json("phases/data/result.json")["data_version"]
     config = {**eval_config(ctx.spec, "eval", data_version, base_sha), "baseline": method}

@@ -81,11 +81,16 @@ def _read(ctx: PhaseContext) -> tuple[dict[str, list[dict]], dict, int]:
             if bad:
                 raise DataError(f"{location}: labels outside data.labels: " + "; ".join(bad[:10]))
         read[name] = len(rows)
-        seen, kept = set(), []
+        seen, kept, conflicts = {}, [], []
         for row in rows:
-            if row["sha256"] not in seen:
-                seen.add(row["sha256"])
+            first = seen.get(row["sha256"])
+            if first is None:
+                seen[row["sha256"]] = row
                 kept.append(row)
+            elif first["label"] != row["label"]:
+                conflicts.append(f"{first['name']} ({first['label']}) = {row['name']} ({row['label']})")
+        if conflicts:
+            raise DataError(f"{location}: the same image under two labels: " + "; ".join(conflicts[:10]))
         duplicates += len(rows) - len(kept)
         parts[name] = kept
     return parts, read, duplicates

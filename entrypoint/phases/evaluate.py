@@ -13,6 +13,7 @@ The sealed test split is not touched here: the test phase opens it once, for the
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 from entrypoint.context import PhaseContext, read_jsonl, to_jsonl
@@ -38,7 +39,8 @@ class NoValidTrial(RuntimeError):
 
 
 def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[dict], list[str], dict]:
-    """Reload a trial's committed weights from the store and predict `split`. Returns rows, outputs, report."""
+    """Reload a trial's committed weights from the store and predict `split`. Returns rows, outputs, report;
+    the report's `observed` says what the evaluation really used (device, weights dtype, split bytes)."""
     spec = ctx.spec
     record = ctx.read_json(f"trials/{trial_id}/result.json")
     weights = ctx.workdir / "evaluate" / trial_id
@@ -49,7 +51,14 @@ def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[d
     tokenizer = load_processor(weights, spec)
     rows = ctx.read_split(split)
     outputs = predict(model, tokenizer, rows, spec, ctx.labels, ctx.device)
-    return rows, outputs, score(spec, rows, outputs, ctx.labels)
+    observed = {
+        "device": ctx.device.type,
+        "weights_dtype": str(next(model.parameters()).dtype),
+        "examples": len(rows),
+        "split_sha256": hashlib.sha256(ctx.store.get_bytes(f"phases/data/{split}.jsonl")).hexdigest(),
+        "processor": type(tokenizer).__name__,
+    }
+    return rows, outputs, {**score(spec, rows, outputs, ctx.labels), "observed": observed}
 
 
 def run(ctx: PhaseContext) -> dict:
@@ -78,7 +87,7 @@ def run(ctx: PhaseContext) -> dict:
             f"{prefix}/predictions.jsonl", to_jsonl({**row, "output": o} for row, o in zip(rows, outputs, strict=True))
         )
         ctx.write_json(f"{prefix}/metrics.json", report)
-        ctx.write_json(f"{prefix}/eval_config.json", config)
+        ctx.write_json(f"{prefix}/eval_config.json", {**config, "observed": report["observed"]})
         guardrails = check_guardrails(spec.guardrails, baseline, report["metrics"])
         verdict = hypothesis_verdict(spec.hypothesis, baseline, report["metrics"])
         results[trial_id] = {

@@ -17,11 +17,13 @@ phase to check against.
 
 from __future__ import annotations
 
+import gc
 import shutil
 
+import torch
 from transformers import set_seed
 
-from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest
+from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest, list_steps
 from entrypoint.context import PhaseContext, dumps, to_jsonl
 from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
 from entrypoint.envinfo import environment, platform_summary
@@ -82,7 +84,8 @@ def run(ctx: PhaseContext) -> dict:
             ctx.log(f"train: trial {trial.id}" + (f" ({trial.rationale})" if trial.reference else ""))
             deadline, needs = _deadline(ctx)
             left = None if deadline is None else deadline - ctx.clock()
-            if trial.id != MAIN and left is not None and needs.get(trial.id, 0.0) > left:
+            started = bool(list_steps(ctx.store, checkpoint_prefix(trial.id)))  # the deadline cuts it if need be
+            if trial.id != MAIN and not started and left is not None and needs.get(trial.id, 0.0) > left:
                 record = _not_started(trial, needs[trial.id], left)
                 ctx.log(f"train: trial {trial.id} is stopped: {record['reason']}")
             else:
@@ -144,6 +147,12 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
         if not is_oom(exc):
             raise
         outcome = {"status": "invalid", "reason": f"out of memory: {exc}", "evaluable": False}
+    if outcome["status"] == "invalid":
+        # Out of the except block, so the traceback no longer holds them: the failed trainer, model and
+        # optimizer must not crowd out the next trial.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     record.update(outcome)
     if outcome["status"] != "completed":
         ctx.log(f"train: trial {trial.id} is {outcome['status']}: {outcome['reason']}")

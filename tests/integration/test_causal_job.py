@@ -86,7 +86,10 @@ def test_extraction_job_runs_every_phase_with_fixed_decoding(tmp_path):
     assert baseline_config["baseline"] == {"method": "untouched_model_generation"}
     for trial in ("main", "full"):
         config = json.loads((job / f"trials/{trial}/eval/eval_config.json").read_text())
-        assert {k: v for k, v in baseline_config.items() if k != "baseline"} == config
+        assert {k: v for k, v in baseline_config.items() if k != "baseline"} == {
+            k: v for k, v in config.items() if k != "observed"
+        }
+        assert config["observed"]["examples"] == 12 and config["observed"]["weights_dtype"] == "torch.float32"
         metrics = json.loads((job / f"trials/{trial}/eval/metrics.json").read_text())["metrics"]
         for name in ("json_valid_rate", "required_present_rate", "field_accuracy", "field_accuracy/city"):
             assert 0.0 <= metrics[name] <= 1.0, name

@@ -80,6 +80,11 @@ def test_a_corrupt_file_and_an_unexpected_mode_are_named(tmp_path, vit):
     with pytest.raises(DataError, match=rf"{broken}: not a readable image"):
         _data_phase(tmp_path / "a", _example(vit, {"source": None, "files": files}))
     broken.unlink()
+    twin = Path(files["train"]) / "square" / "twin.png"
+    twin.write_bytes((Path(files["train"]) / "circle" / "circle-001.png").read_bytes())
+    with pytest.raises(DataError, match=r"the same image under two labels: circle/circle-001.png \(circle\)"):
+        _data_phase(tmp_path / "c", _example(vit, {"source": None, "files": files}))
+    twin.unlink()
     cmyk = Path(files["eval"]) / "cross" / "print.jpg"
     Image.new("CMYK", (40, 40), (10, 20, 30, 0)).save(cmyk)
     with pytest.raises(DataError, match=rf"{cmyk}: image mode 'CMYK'; expected one of RGB, L"):

@@ -110,7 +110,7 @@ def test_status_shows_phases_trials_and_attempts(cut_job):
     for phase in ("data", "train", "verify", "export"):
         assert any(line.startswith(phase) and "committed" in line for line in out.splitlines()), phase
     assert any(line.startswith("main") and "stopped" in line for line in out.splitlines())
-    assert "1: started 2026-11-30 09:00 UTC, completed" in out  # the fake clock's first reading
+    assert "1: started 2026-11-30 10:00 UTC, completed" in out  # 2nd reading (the 1st: plan check of a new job)
 
 
 def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_job, tmp_path):

@@ -200,3 +200,17 @@ def test_export_carries_the_selected_trial(job):
     assert store.get_bytes("export/adapter/adapter_model.safetensors") == store.get_bytes(
         f"trials/{selected}/final/adapter_model.safetensors"
     )
+
+
+def test_a_guardrail_on_a_metric_the_job_does_not_compute_stops_it_before_training(tmp_path):
+    model = build_tiny_bert(tmp_path / "bert")
+    spec = yaml.safe_load(_spec(tmp_path, model, "unused", "unused", "typo").read_text())
+    spec["guardrails"] = [{"metric": "f1/biling", "tolerance": 0.0}]  # no data.labels: caught at the baseline
+    spec["experiments"] = []
+    spec["store"] = {"uri": f"file://{tmp_path / 'store'}"}
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = _rentune("run", str(path), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "guardrails: 'f1/biling': no such metric is computed for this job" in result.stderr
+    assert "f1/billing" in result.stderr and "probe: starting" not in result.stdout

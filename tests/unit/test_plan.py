@@ -94,3 +94,16 @@ def test_replanning_uses_time_used_measured_phases_and_the_probe_step():
     assert later.train_deadline == fresh.train_deadline  # the reserve at the end does not move
     done = make_plan(spec, 288, steps_done={"main": 108})
     assert done.trials[0].seconds == 0.0
+
+
+def test_run_refuses_a_job_that_cannot_fit_before_storing_anything(tmp_path):
+    from entrypoint.runner import PlanDoesNotFit, run_job
+    from entrypoint.store import FileStore
+
+    spec = copy.deepcopy(GOOD)
+    spec["rental"] = {"window": "3d", "step_seconds": 5000.0}
+    spec["data"]["source"] = str(ROOT / "examples/data/tickets.jsonl")
+    loaded = parse_spec(yaml.safe_dump(spec), source="spec.yaml")
+    with pytest.raises(PlanDoesNotFit, match="cut: training.max_steps <= "):
+        run_job(loaded, FileStore(tmp_path / "store"), tmp_path / "work", lambda line: None)
+    assert not any((tmp_path / "store").rglob("*"))  # not even the spec: fix it and run the same job id again

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from entrypoint.metrics import classification_report
-from entrypoint.verdict import check_guardrails, expand, hypothesis_verdict
+from entrypoint.verdict import GuardrailError, check_guardrails, expand, hypothesis_verdict
 from jobspec.schema import Guardrail, Hypothesis
 
 LABELS = ["billing", "shipping", "returns"]
@@ -64,7 +64,7 @@ def test_min_gain_and_no_gain():
 
 
 def test_a_guardrail_on_a_metric_never_computed_is_an_error():
-    with pytest.raises(ValueError, match="no such metric was computed"):
+    with pytest.raises(GuardrailError, match="no such metric is computed for this job"):
         expand("f1/*", {"macro_f1": 0.5})
     with pytest.raises(ValueError, match="schema_valid_rate"):
         check_guardrails([Guardrail(metric="schema_valid_rate")], {"format_valid_rate": 1.0}, {})
