@@ -25,6 +25,15 @@ def _log(message: str) -> None:
     sys.stdout.flush()
 
 
+_workdir_option = click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".rentune-work"),
+    show_default=True,
+    help="Local scratch folder; may be lost at any time, the store is the truth.",
+)
+
+
 def _load_or_exit(spec: Path) -> LoadedSpec:
     """The spec, or every problem on stderr and exit 2."""
     try:
@@ -83,13 +92,7 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
 @main.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--store", "store_uri", help="Store URI (file://DIR or s3://bucket/prefix); overrides store.uri.")
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".rentune-work"),
-    show_default=True,
-    help="Local scratch folder; may be lost at any time, the store is the truth.",
-)
+@_workdir_option
 @click.option(
     "--until",
     type=click.Choice(["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]),
@@ -348,13 +351,7 @@ def submit(spec: Path, store_uri: str, endpoint_url, region, addressing_style) -
 
 @main.command()
 @_store_options
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".rentune-work"),
-    show_default=True,
-    help="Local scratch folder; may be lost at any time, the store is the truth.",
-)
+@_workdir_option
 @click.option(
     "--lease-seconds",
     type=click.FloatRange(min=1.0),
@@ -406,11 +403,11 @@ def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_sec
 @click.option("--attempt", type=int, help="Only this attempt (default: all, oldest first).")
 def logs(job_id: str, store_uri, endpoint_url, region, addressing_style, attempt: int | None) -> None:
     """Print JOB_ID's logs from the store, one section per attempt (process start)."""
-    from entrypoint.runner import job_store
+    from entrypoint.runner import attempt_numbers, job_store
     from entrypoint.store import ObjectNotFound
 
     store = job_store(_open_root(store_uri, endpoint_url, region, addressing_style), job_id)
-    numbers = sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
+    numbers = attempt_numbers(store)
     if not numbers:
         click.echo(f"rentune: {store.uri}: no attempts yet (is {job_id!r} queued or misspelt?)", err=True)
         sys.exit(EXIT_INVALID)

@@ -25,6 +25,7 @@ import numpy as np
 
 from entrypoint.dataio import DataError
 from entrypoint.leakcheck import LeakPair
+from jobspec.schema import IMAGE_SUFFIXES
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 IMAGES_VERSION = "images-1"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 _MAX_ERRORS = 20  # as in dataio: enough to see the pattern, short enough to read
 _BLOCK_ELEMENTS = 1 << 22  # XOR block of the leak search: 32 MiB of uint64 per block

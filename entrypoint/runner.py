@@ -36,6 +36,7 @@ __all__ = [
     "PlanDoesNotFit",
     "Unsupported",
     "attempt_number",
+    "attempt_numbers",
     "current_plan",
     "job_store",
     "run_job",
@@ -122,10 +123,14 @@ def _freeze_spec(store: Store, loaded: LoadedSpec) -> None:
         )
 
 
+def attempt_numbers(store: Store) -> list[int]:
+    """The attempts recorded for a job, oldest first."""
+    return sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
+
+
 def attempt_number(store: Store, clock: Callable[[], float] = time.time) -> int:
     """Claim the next attempt number with a conditional write, so two processes never share one."""
-    taken = {int(info.key.split("/")[1]) for info in store.list("attempts") if info.key.split("/")[1].isdigit()}
-    number = max(taken, default=0) + 1
+    number = max(attempt_numbers(store), default=0) + 1
     while True:
         try:
             store.put_if_absent(f"attempts/{number}/started.json", dumps({"started_at": clock()}))

@@ -12,7 +12,7 @@ import json
 import time
 
 from entrypoint.checkpoint import checkpoint_prefix, list_steps
-from entrypoint.runner import PHASES, job_store, read_result
+from entrypoint.runner import PHASES, attempt_numbers, job_store, read_result
 from entrypoint.store import ObjectNotFound, Store
 from jobspec.experiments import resolve_trials
 from jobspec.load import parse_spec
@@ -76,8 +76,7 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
             lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")
     lines.append("(* = newest committed checkpoint)")
     lines += ["", "attempts:"]
-    numbers = sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
-    for n in numbers:
+    for n in attempt_numbers(store):
         started = _json(store, f"attempts/{n}/started.json") or {}
         ended = _json(store, f"attempts/{n}/ended.json")
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started.get("started_at", 0)))

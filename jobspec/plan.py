@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from jobspec.experiments import resolve_trials
-from jobspec.schema import JobSpec, Training, duration_seconds
+from jobspec.schema import IMAGE_SUFFIXES, JobSpec, Training, duration_seconds
 
 __all__ = [
     "DEFAULT_BUDGETS",
@@ -73,8 +73,7 @@ def count_train_examples(spec: JobSpec) -> int | None:
         return None
     path = Path(location.removeprefix("file://"))
     if path.is_dir():  # an ImageFolder: one folder per category
-        suffixes = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-        lines = sum(1 for p in path.rglob("*") if p.suffix.lower() in suffixes and not p.name.startswith("."))
+        lines = sum(1 for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
     else:
         with path.open("rb") as handle:
             lines = sum(1 for line in handle if line.strip())

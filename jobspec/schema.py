@@ -38,6 +38,8 @@ __all__ = [
 _JOB_ID = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _DURATION = re.compile(r"^(\d+)(m|h|d)$")
 DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+# Files an image job reads from an ImageFolder (case-insensitive).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 def _local_or_store_path(value: str) -> str:

@@ -49,6 +49,9 @@ from jobspec.experiments import MAIN, Trial, resolve_trials, trial_spec
 __all__ = ["InvalidTrial", "run", "train_trial", "trial_result_key", "worker_result_key"]
 
 
+BUDGET_UNIT = "training examples processed (optimizer steps x microbatch x grad_accum x processes)"
+
+
 class InvalidTrial(RuntimeError):
     """This trial's settings cannot train; recorded with the reason, and the job goes on with the next."""
 
@@ -116,7 +119,7 @@ def _not_started(trial: Trial, needs: float, left: float) -> dict:
             "planned_examples": 0,
             "done_examples": 0,
             "status": "short",
-            "unit": "training examples processed (optimizer steps x microbatch x grad_accum x processes)",
+            "unit": BUDGET_UNIT,
         },
     }
 
@@ -166,7 +169,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
         "planned_examples": planned,
         "done_examples": done,
         "status": status,
-        "unit": "training examples processed (optimizer steps x microbatch x grad_accum x processes)",
+        "unit": BUDGET_UNIT,
     }
     return record
 
