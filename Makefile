@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # pyproject.toml keeps a range so the CUDA/ROCm images keep their own torch.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-fast lint clean
 
 # torch first, so that nothing the project needs pulls a multi-GB CUDA build instead.
 $(VENV)/.torch:
@@ -41,8 +41,18 @@ lint: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy
 	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy
 
+# The whole suite; what .ci/run runs.
 test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# For your own loop (a few minutes): unit tests and the integration tests that run in-process on tiny
+# models. Never a replacement for `make test`: no subprocess resume, distributed, worker or end-to-end job.
+FAST := tests/unit tests/integration/test_data_phase.py tests/integration/test_probe_and_params.py \
+	tests/integration/test_divergence.py tests/integration/test_checkpoint_protocol.py \
+	tests/integration/test_store_contract.py
+test-fast: setup
+	$(BIN)/ruff check jobspec entrypoint tests bench deploy
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(FAST)
 
 clean:
 	rm -rf $(VENV) runs .rentune-work .pytest_cache

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from entrypoint.leakcheck import find_leaks, normalize_for_leaks  # noqa: E402
+from entrypoint.data.leaks import find_leaks, normalize_for_leaks  # noqa: E402
 
 SEED = 20240611
 PLANTED = 200  # of each kind

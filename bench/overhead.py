@@ -27,10 +27,10 @@ import transformers  # noqa: E402
 from transformers import AutoTokenizer, Trainer  # noqa: E402
 
 from entrypoint.context import read_jsonl  # noqa: E402
-from entrypoint.model import build_model  # noqa: E402
-from entrypoint.preprocess import collator, encode_rows  # noqa: E402
+from entrypoint.data.encoding import collator, encode_rows  # noqa: E402
 from entrypoint.store import FileStore  # noqa: E402
-from entrypoint.trainer import (  # noqa: E402
+from entrypoint.training.model import build_model  # noqa: E402
+from entrypoint.training.trainer import (  # noqa: E402
     FirstStepsCallback,
     ProgressCallback,
     StoreCheckpointCallback,

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from entrypoint.checkpoint import commit_checkpoint, find_latest  # noqa: E402
+from entrypoint.store.checkpoint import commit_checkpoint, find_latest  # noqa: E402
 from entrypoint.store.s3 import S3Store  # noqa: E402
 from tests.s3server import MotoServer, create_bucket, raw_client  # noqa: E402
 

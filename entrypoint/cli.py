@@ -1,23 +1,27 @@
-"""The `rentune` command. The only module that reads argv and the environment and maps errors to exit codes.
+"""The `rentune` command. The only module that reads argv and the environment; every error that ends a
+command goes through `_exits`, which prints it and exits with `errors.exit_code` (see entrypoint/errors.py:
+0 success, 1 the job failed, 2 invalid input, 3 the store refuses, 143 stopped by SIGTERM).
 
-Exit codes: 0 success; 1 the job failed while running; 2 invalid input (spec, data, model, store URI);
-3 the store refuses: it holds this job with another spec, or the sealed test split was opened by another
-spec or trial; 143 stopped by SIGTERM (resume by running again).
+`validate`, `plan`, `schema`, `status`, `logs` and `submit` import neither torch nor transformers: they
+read specs and JSON, and start in a fraction of a second (tests/unit/test_light_commands.py checks it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
+from entrypoint.errors import EXIT_FAILED, EXIT_INVALID, InvalidInput, exit_code
+from entrypoint.job.state import PHASE_NAMES, job_store, read_json
+from entrypoint.report.markdown import summary_table
+from entrypoint.store import StoreError, open_store
 from jobspec.load import LoadedSpec, SpecError, load_spec
 from jobspec.schema import JobSpec
-
-EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 1, 2, 3
 
 
 def _log(message: str) -> None:
@@ -32,6 +36,29 @@ _workdir_option = click.option(
     show_default=True,
     help="Local scratch folder; may be lost at any time, the store is the truth.",
 )
+
+
+@contextlib.contextmanager
+def _exits(source: str | None = None) -> Iterator[None]:
+    """Print an error that ends the command and exit with its code. Input errors say what to fix (after
+    the spec's `source`, when given); anything unexpected is a failed job, with its type (the attempt
+    record in the store has it too)."""
+    try:
+        yield
+    except SpecError as exc:
+        for line in exc.errors:
+            click.echo(line, err=True)
+        sys.exit(EXIT_INVALID)
+    except Exception as exc:
+        code = exit_code(exc)
+        if isinstance(exc, InvalidInput):
+            what = f"{source}: {exc}" if source else str(exc)
+        elif code == EXIT_FAILED and not isinstance(exc, StoreError):
+            what = f"job failed: {type(exc).__name__}: {exc}"
+        else:
+            what = str(exc)
+        click.echo(f"rentune: {what}", err=True)
+        sys.exit(code)
 
 
 def _load_or_exit(spec: Path) -> LoadedSpec:
@@ -95,7 +122,7 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
 @_workdir_option
 @click.option(
     "--until",
-    type=click.Choice(["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]),
+    type=click.Choice(PHASE_NAMES),
     help="Stop after this phase (e.g. `--until data` checks and inspects the data only).",
 )
 @click.option(
@@ -105,24 +132,11 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
 )
 def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reopen_test: str | None) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
-    import transformers
+    from entrypoint.runner import run_job
+    from entrypoint.training.environment import quiet_libraries
 
-    from entrypoint.model import ModelError
-
-    # rentune reports what matters itself (missing weights are an error in model.py); the library's
-    # load reports and progress bars would bury the per-step progress lines.
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    # peft still calls transformers' v4 names; the FutureWarning says nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
-    from entrypoint.dataio import DataError
-    from entrypoint.phases.test import TestSealed
-    from entrypoint.runner import JobConflict, PlanDoesNotFit, Unsupported, run_job
-    from entrypoint.store import InvalidKey, open_store
-    from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
-    from entrypoint.verdict import GuardrailError
-
-    try:
+    quiet_libraries()
+    with _exits():
         loaded = load_spec(spec)
         options = loaded.spec.store
         root = open_store(
@@ -131,73 +145,17 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
             region=options.region,
             addressing_style=options.addressing_style,
         )
-    except (SpecError, InvalidKey) as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(EXIT_INVALID)
     _log(f"rentune: job {loaded.spec.job.id} -> {root.uri}")
-    try:
+    with _exits(source=loaded.source):
         outcome = run_job(loaded, root, workdir, _log, until=until, reopen_test=reopen_test)
-    except Interrupted as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except (JobConflict, TestSealed) as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_CONFLICT)
-    except (DataError, ModelError, Unsupported, PlanDoesNotFit, GuardrailError) as exc:
-        click.echo(f"rentune: {loaded.source}: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
-    except Exception as exc:  # the attempt record in the store holds the error too
-        click.echo(f"rentune: job failed: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
-    from entrypoint.runner import job_store
-
-    store = job_store(root, outcome.job_id)
     if until is not None and until not in ("report", "export"):
         _log(f"\nstopped after {until}, as asked; results under {outcome.store_uri}/phases/")
         return
-    results = json.loads(store.get_bytes("report/results.json"))
-    _log("\n" + summary(results))
+    results = read_json(job_store(root, outcome.job_id), "report/results.json")
+    _log("\n" + summary_table(results))
     _log(f"\nreport: {outcome.store_uri}/report/report.md")
     if until != "report":
         _log(f"adapter: {outcome.store_uri}/export/adapter  binding: {outcome.store_uri}/export/BINDING.json")
-
-
-def summary(results: dict) -> str:
-    """The verdict and the trial table, as printed at the end of `rentune run` and by `rentune fetch`."""
-    metric = results["hypothesis"]["metric"]
-    base = results["baseline"]["metrics"][metric]
-    lines = [f"{'trial':<20} {'status':<10} {metric:>12} {'gain':>8}  guardrails  budget"]
-    lines.append(f"{'baseline':<20} {'-':<10} {base:>12.3f} {'-':>8}  -           -")
-    for t in results["trials"]:
-        value = t["metrics"][metric] if t["metrics"] else None
-        shown = f"{value:>12.3f} {value - base:>+8.3f}" if value is not None else f"{'-':>12} {'-':>8}"
-        guard = "-" if t["guardrails_passed"] is None else "pass" if t["guardrails_passed"] else "FAIL"
-        mark = "*" if t["id"] == results["selected"]["trial_id"] else " "
-        lines.append(f"{mark}{t['id']:<19} {t['status']:<10} {shown}  {guard:<10}  {t['budget']['status']}")
-        if t["reason"]:
-            lines.append(f"{'':<21}{t['reason'][:200]}")
-    from entrypoint.report import bar_family
-
-    selected = next(t for t in results["trials"] if t["id"] == results["selected"]["trial_id"])
-    family, names = bar_family(results["hypothesis"]["task"], results["baseline"]["metrics"])
-    width = max(len(n) for n in [*names, "metric"])
-    lines += [
-        "",
-        f"{family} on eval: baseline vs {selected['id']}",
-        f"{'metric':<{width}}  baseline  {'trial':>8}  change",
-    ]
-    for name in names:
-        before, after = results["baseline"]["metrics"][name], selected["metrics"][name]
-        lines.append(f"{name:<{width}}  {before:>8.3f}  {after:>8.3f}  {after - before:>+6.3f}")
-    lines.append("")
-    for split in ("eval", "test"):
-        v = results["verdict"][split]
-        lines.append(
-            f"{split}: hypothesis {'holds' if v['hypothesis_holds'] else 'does NOT hold'} ({metric} gain "
-            f"{v['gain']:+.3f}); guardrails {'pass' if v['guardrails_passed'] else 'FAIL'}"
-            + ("  (sealed test split, opened once)" if split == "test" else "")
-        )
-    return "\n".join(lines)
 
 
 @main.command()
@@ -213,30 +171,21 @@ def summary(results: dict) -> str:
 @click.option("--with-adapter", is_flag=True, help="Also download export/adapter (the trained weights).")
 def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | None, with_adapter: bool) -> None:
     """Download JOB_ID's report (results.json, report.md, plots) and export metadata to a local folder."""
-    from entrypoint.runner import job_store
-    from entrypoint.store import InvalidKey, ObjectNotFound, StoreError, open_store
-
     dest = dest or Path(job_id)
-    try:
+    with _exits():
         store = job_store(open_store(store_uri, endpoint_url=endpoint_url), job_id)
         keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
         keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
         if not keys:
-            raise ObjectNotFound(f"{store.uri}: no report yet (the job has not reached its report phase)")
+            raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
         for key in keys:
             target = dest / key
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(store.get_bytes(key))
-    except (InvalidKey, ObjectNotFound) as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
-    except StoreError as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
     click.echo(f"fetched {len(keys)} files to {dest}/ (report: {dest / 'report/report.md'})")
     results = dest / "report/results.json"
     if results.is_file():
-        click.echo("\n" + summary(json.loads(results.read_text())))
+        click.echo("\n" + summary_table(json.loads(results.read_text())))
 
 
 @main.command("verify-export")
@@ -252,7 +201,7 @@ def verify_export(directory: Path, base: Path) -> None:
 
     Exit 0 when the base model's sha256 matches BINDING.json and every adapter file is there; exit 2
     naming what differs otherwise. Load an adapter only onto a base model this command accepts."""
-    from entrypoint.model import hash_base_model
+    from entrypoint.training.model import hash_base_model
 
     try:
         binding = json.loads((directory / "BINDING.json").read_text())
@@ -288,17 +237,10 @@ def verify_export(directory: Path, base: Path) -> None:
 @click.option("--endpoint-url", help="S3-compatible endpoint (MinIO, R2, ...).")
 def status(job_id: str, store_uri: str, endpoint_url: str | None) -> None:
     """Show JOB_ID's phases (plan vs actual), trials, attempts and the time left on the lease."""
-    from entrypoint.status import render_status
-    from entrypoint.store import InvalidKey, ObjectNotFound, StoreError, open_store
+    from entrypoint.job.status import render_status
 
-    try:
+    with _exits():
         click.echo(render_status(open_store(store_uri, endpoint_url=endpoint_url), job_id))
-    except (InvalidKey, ObjectNotFound) as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
-    except StoreError as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
 
 
 def _store_options(function):
@@ -322,13 +264,8 @@ def _store_options(function):
 
 
 def _open_root(store_uri: str, endpoint_url: str | None, region: str | None, addressing_style: str | None):
-    from entrypoint.store import InvalidKey, open_store
-
-    try:
+    with _exits():
         return open_store(store_uri, endpoint_url=endpoint_url, region=region, addressing_style=addressing_style)
-    except InvalidKey as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_INVALID)
 
 
 @main.command()
@@ -336,16 +273,12 @@ def _open_root(store_uri: str, endpoint_url: str | None, region: str | None, add
 @_store_options
 def submit(spec: Path, store_uri: str, endpoint_url, region, addressing_style) -> None:
     """Validate SPEC here and queue it in the bucket, for a `rentune worker` on a node to run."""
-    from entrypoint.queue import submit as queue_spec
-    from entrypoint.store import ObjectExists
+    from entrypoint.job.queue import submit as queue_spec
 
     loaded = _load_or_exit(spec)
     root = _open_root(store_uri, endpoint_url, region, addressing_style)
-    try:
+    with _exits():
         key = queue_spec(root, loaded)
-    except ObjectExists as exc:
-        click.echo(f"rentune: {exc if str(exc) else 'job ' + loaded.spec.job.id + ' is already queued'}", err=True)
-        sys.exit(EXIT_CONFLICT)
     click.echo(f"queued {loaded.spec.job.id} at {root.uri}/{key}; follow it with: rentune status {loaded.spec.job.id}")
 
 
@@ -366,21 +299,15 @@ def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_sec
 
     A job runs against this worker's store whatever its spec's store.uri says; its data and model
     paths must exist on this node (or be s3:// data)."""
-    import transformers
-
-    from entrypoint.queue import Worker
-    from entrypoint.runner import run_job
-    from entrypoint.trainer import EXIT_INTERRUPTED, Interrupted
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
-    root = _open_root(store_uri, endpoint_url, region, addressing_style)
-
     from dataclasses import replace
 
+    from entrypoint.job.queue import Worker
+    from entrypoint.runner import run_job
+    from entrypoint.training.environment import quiet_libraries
     from jobspec.schema import Store as StoreSection
 
+    quiet_libraries()
+    root = _open_root(store_uri, endpoint_url, region, addressing_style)
     ours = StoreSection(uri=store_uri, endpoint_url=endpoint_url, region=region, addressing_style=addressing_style)
 
     def run(loaded, log):
@@ -390,11 +317,8 @@ def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_sec
 
     worker = Worker(root, run, _log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
     _log(f"worker: {worker.name} watching {root.uri}/queue/")
-    try:
+    with _exits():
         worker.loop(exit_when_idle=exit_when_idle)
-    except Interrupted as exc:
-        click.echo(f"rentune: {exc}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
 
 
 @main.command()
@@ -403,14 +327,14 @@ def worker(store_uri, endpoint_url, region, addressing_style, workdir, lease_sec
 @click.option("--attempt", type=int, help="Only this attempt (default: all, oldest first).")
 def logs(job_id: str, store_uri, endpoint_url, region, addressing_style, attempt: int | None) -> None:
     """Print JOB_ID's logs from the store, one section per attempt (process start)."""
-    from entrypoint.runner import attempt_numbers, job_store
+    from entrypoint.job.attempts import attempt_numbers
     from entrypoint.store import ObjectNotFound
 
     store = job_store(_open_root(store_uri, endpoint_url, region, addressing_style), job_id)
-    numbers = attempt_numbers(store)
-    if not numbers:
-        click.echo(f"rentune: {store.uri}: no attempts yet (is {job_id!r} queued or misspelt?)", err=True)
-        sys.exit(EXIT_INVALID)
+    with _exits():
+        numbers = attempt_numbers(store)
+        if not numbers:
+            raise InvalidInput(f"{store.uri}: no attempts yet (is {job_id!r} queued or misspelt?)")
     for n in numbers if attempt is None else [attempt]:
         click.echo(f"== attempt {n}")
         try:
@@ -422,6 +346,6 @@ def logs(job_id: str, store_uri, endpoint_url, region, addressing_style, attempt
 @main.command()
 def env() -> None:
     """Print the detected backend (CUDA, ROCm or CPU) and the versions rentune would record."""
-    from entrypoint.envinfo import environment
+    from entrypoint.training.environment import environment
 
     click.echo(json.dumps(environment(), indent=2, sort_keys=True))

@@ -1,36 +1,25 @@
-"""What every phase receives: the frozen spec, the job's store and a local scratch folder."""
+"""What every phase receives: the frozen spec, its kind of job, the job's store and a local scratch folder."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
+import argparse
+import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from entrypoint.store import Store
+from entrypoint.job.state import dumps, job_store, read_json, read_jsonl, stored_spec
+from entrypoint.kinds import JobKind, kind_for
+from entrypoint.store import Store, open_store
+from entrypoint.training.device import resolve_device
+from entrypoint.training.model import resolve_model_dir
 from jobspec.schema import JobSpec
 
-__all__ = ["PhaseContext", "dumps", "read_jsonl", "to_jsonl"]
-
-
-def dumps(obj: Any) -> bytes:
-    """Stable JSON bytes for the store: sorted keys, indented, trailing newline."""
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
-def to_jsonl(rows: Iterable[dict]) -> bytes:
-    return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode()
-
-
-def read_jsonl(data: bytes) -> list[dict]:
-    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+__all__ = ["PhaseContext", "subprocess_context"]
 
 
 @dataclass(frozen=True)
@@ -40,48 +29,60 @@ class PhaseContext:
     store: Store  # confined to jobs/<job_id>/
     workdir: Path  # local scratch for this process; may be empty on a fresh node
     log: Callable[[str], None]
-    store_args: tuple[str, ...] = ()  # how a torchrun worker reopens this job's store (see train_worker)
+    store_args: tuple[str, ...] = ()  # how a subprocess reopens this job's store (training/worker.py)
     root: Store | None = None  # the whole store: the sealed-test record spans jobs
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
     clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one
 
+    @functools.cached_property
+    def kind(self) -> JobKind:
+        return kind_for(self.spec)
+
+    @functools.cached_property
+    def model_dir(self) -> Path:
+        """The base model's local folder (model.path, model.package or the hub cache)."""
+        return resolve_model_dir(self.spec.model)
+
     def read_json(self, key: str) -> Any:
-        return json.loads(self.store.get_bytes(key))
+        return read_json(self.store, key)
 
     def write_json(self, key: str, obj: Any) -> None:
         self.store.put_bytes(key, dumps(obj))
 
     def read_split(self, name: str) -> list[dict]:
-        """A split as the data phase committed it: rows of {"text", "label"}, {"prompt", "response", "label"},
-        or for images {"image", "sha256", "label"} plus "path", the image downloaded into the work dir (its
-        sha256 checked), so that any node can train from the store alone."""
-        rows = read_jsonl(self.store.get_bytes(f"phases/data/{name}.jsonl"))
-        if self.spec.data.modality == "image":
-            folder = self.workdir / "images"
-            folder.mkdir(parents=True, exist_ok=True)
-            for row in rows:
-                local = folder / row["image"]
-                if not local.is_file():
-                    data = self.store.get_bytes(f"phases/data/images/{row['image']}")
-                    if hashlib.sha256(data).hexdigest() != row["sha256"]:
-                        raise ValueError(f"phases/data/images/{row['image']}: content does not match its sha256")
-                    # a unique temp name: the ranks of a torchrun job share this folder
-                    handle, partial = tempfile.mkstemp(dir=folder, suffix=".partial")
-                    with os.fdopen(handle, "wb") as out:
-                        out.write(data)
-                    os.replace(partial, local)
-                row["path"] = str(local)
-        return rows
+        """A split as the data phase committed it, made ready for the model on this node by the kind."""
+        key = f"phases/data/{name}.jsonl"
+        return self.kind.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
 
     @property
     def labels(self) -> list[str]:
         return self.read_json("phases/data/result.json")["labels"]
 
     @property
+    def data_version(self) -> str:
+        return self.read_json("phases/data/result.json")["data_version"]
+
+    @property
     def device(self) -> torch.device:
-        wanted = self.spec.training.device
-        if wanted == "auto":
-            wanted = "cuda" if torch.cuda.is_available() else "cpu"  # ROCm builds report as cuda too
-        if wanted == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("training.device: 'cuda' requested but torch sees no CUDA or ROCm device")
-        return torch.device(wanted)
+        return resolve_device(self.spec.training)
+
+
+def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], None]) -> tuple[PhaseContext, str]:
+    """The context of a process the runner starts (a torchrun rank, the verify process), rebuilt from the
+    store alone: `--store URI --job ID --workdir DIR --trial ID [--endpoint-url --region --addressing-style]`
+    (runner._store_args writes them). Returns the context and the trial id."""
+    from entrypoint.training.environment import quiet_libraries
+
+    parser = argparse.ArgumentParser(prog=prog)
+    for flag in ("--store", "--job", "--workdir", "--trial"):
+        parser.add_argument(flag, required=True)
+    for flag in ("--endpoint-url", "--region", "--addressing-style"):
+        parser.add_argument(flag)
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    root = open_store(
+        args.store, endpoint_url=args.endpoint_url, region=args.region, addressing_style=args.addressing_style
+    )
+    store = job_store(root, args.job)
+    loaded = stored_spec(store)
+    return PhaseContext(loaded.spec, loaded.sha256, store, Path(args.workdir), log), args.trial

@@ -2,13 +2,14 @@
 recovery margin always fit, and training stops in time whatever its step count says.
 
     lease start                                                                      lease end
-    | preflight | data | baseline | probe | experiments ..... | evaluate | test | verify | report | export | margin |
-                                          ^ trials in order   ^ training deadline
+    | data | baseline | probe | train ........... | evaluate | test | verify | report | export | margin |
+                              ^ trials in order ^ training deadline
 
-Fixed phases get default budgets until they are measured (a committed phase counts what it took). The
-experiments slot is what is left; each trial needs `planned steps x step seconds x TRAIN_OVERHEAD`, with the
-step time estimated (`rental.step_seconds`, default 1 s) until the probe measures it. `make_plan` is
-re-run at every process start, with the time already used, and after the probe, with the measured step.
+Slots are named after the runner's phases. Fixed phases get default budgets until they are measured (a
+committed phase counts what it took). The train slot is what is left; each trial needs
+`planned steps x step seconds x TRAIN_OVERHEAD`, with the step time estimated (`rental.step_seconds`,
+default 1 s) until the probe measures it. `make_plan` is re-run at every process start, with the time
+already used, and after the probe, with the measured step.
 Pure Python: `rentune plan` runs anywhere in well under a second.
 """
 
@@ -39,7 +40,6 @@ DEFAULT_MARGIN = {"3d": "2h", "7d": "6h", "30d": "24h"}
 # Budgets of the fixed phases until they are measured, in seconds: generous for a GPU node, where loading
 # a multi-GB model and its data dominates. `evaluate` is per trial.
 DEFAULT_BUDGETS = {
-    "preflight": 600,
     "data": 1800,
     "baseline": 1800,
     "probe": 900,
@@ -49,7 +49,7 @@ DEFAULT_BUDGETS = {
     "report": 300,
     "export": 900,
 }
-BEFORE_TRAINING = ("preflight", "data", "baseline", "probe")
+BEFORE_TRAINING = ("data", "baseline", "probe")
 AFTER_TRAINING = ("evaluate", "test", "verify", "report", "export")
 DEFAULT_STEP_SECONDS = 1.0
 # A trial takes longer than its optimizer steps: eval-loss passes, checkpoint commits, model loading.
@@ -201,7 +201,7 @@ def make_plan(
     for name, seconds, source in before:
         slots.append(Slot(name, seconds, at, at + seconds, source))
         at += seconds
-    slots.append(Slot("experiments", available, train_start, train_start + available, "left for training"))
+    slots.append(Slot("train", available, train_start, train_start + available, "left for training"))
     at = train_deadline
     for name, seconds, source in after:
         slots.append(Slot(name, seconds, at, at + seconds, source))

@@ -1,5 +1,5 @@
 """Evaluate phase: every completed trial, reloaded from the store as a fresh consumer would, measured on the
-eval split with one procedure (entrypoint/evaluation.py); then the guardrails and the selection.
+eval split with one procedure (entrypoint/evaluation/procedure.py); then the guardrails and the selection.
 
     for each completed trial:
         download trials/<id>/final, reload (base + adapter), predict the eval split
@@ -13,17 +13,13 @@ The sealed test split is not touched here: the test phase opens it once, for the
 
 from __future__ import annotations
 
-import hashlib
-import shutil
+from entrypoint.context import PhaseContext
+from entrypoint.evaluation.procedure import eval_config, evaluate_trial
+from entrypoint.evaluation.verdict import check_guardrails, hypothesis_verdict
+from entrypoint.job.state import read_jsonl, to_jsonl
+from entrypoint.training.model import hash_base_model
 
-from entrypoint.context import PhaseContext, read_jsonl, to_jsonl
-from entrypoint.evaluation import eval_config, predict, score
-from entrypoint.model import hash_base_model, load_trained, resolve_model_dir
-from entrypoint.preprocess import is_causal, is_image, load_processor
-from entrypoint.store import get_tree
-from entrypoint.verdict import check_guardrails, hypothesis_verdict
-
-__all__ = ["MAX_DISAGREEMENT", "EvaluationMismatch", "NoValidTrial", "evaluate_trial", "run"]
+__all__ = ["MAX_DISAGREEMENT", "EvaluationMismatch", "NoValidTrial", "run"]
 
 # Share of eval examples whose output may differ between the trainer's in-memory model and the reloaded
 # one. Non-zero only because GPU kernels are not bit-reproducible; on CPU the observed share is 0.
@@ -38,35 +34,10 @@ class NoValidTrial(RuntimeError):
     """Every trial was invalid: there is nothing to select, test or export."""
 
 
-def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[dict], list[str], dict]:
-    """Reload a trial's committed weights from the store and predict `split`. Returns rows, outputs, report;
-    the report's `observed` says what the evaluation really used (device, weights dtype, split bytes)."""
-    spec = ctx.spec
-    record = ctx.read_json(f"trials/{trial_id}/result.json")
-    weights = ctx.workdir / "evaluate" / trial_id
-    shutil.rmtree(weights, ignore_errors=True)
-    get_tree(ctx.store, f"trials/{trial_id}/final", weights)
-    method = record["settings"]["adaptation"]["method"]
-    model = load_trained(resolve_model_dir(spec.model), weights, ctx.labels, method, is_causal(spec), is_image(spec))
-    tokenizer = load_processor(weights, spec)
-    rows = ctx.read_split(split)
-    outputs = predict(model, tokenizer, rows, spec, ctx.labels, ctx.device)
-    observed = {
-        "device": ctx.device.type,
-        "weights_dtype": str(next(model.parameters()).dtype),
-        "examples": len(rows),
-        "split_sha256": hashlib.sha256(ctx.store.get_bytes(f"phases/data/{split}.jsonl")).hexdigest(),
-        "processor": type(tokenizer).__name__,
-    }
-    return rows, outputs, {**score(spec, rows, outputs, ctx.labels), "observed": observed}
-
-
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
     trials = ctx.read_json("phases/train/result.json")["trials"]
-    base_sha = hash_base_model(resolve_model_dir(spec.model)).sha256
-    data_version = ctx.read_json("phases/data/result.json")["data_version"]
-    config = eval_config(spec, "eval", data_version, base_sha)
+    config = eval_config(spec, ctx.kind, "eval", ctx.data_version, hash_base_model(ctx.model_dir).sha256)
     baseline = ctx.read_json("phases/baseline/metrics.json")["metrics"]
     results = {}
     for trial_id, summary in trials.items():

@@ -12,8 +12,8 @@ Layout under the job prefix:
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
-from entrypoint.envinfo import environment
-from entrypoint.model import hash_base_model, resolve_model_dir
+from entrypoint.training.environment import environment
+from entrypoint.training.model import hash_base_model
 
 __all__ = ["run"]
 
@@ -29,7 +29,7 @@ def run(ctx: PhaseContext) -> dict:
         files.append(relative)
     ctx.store.put_bytes("export/spec.yaml", ctx.store.get_bytes("spec.yaml"))
 
-    base_hash = hash_base_model(resolve_model_dir(spec.model))
+    base_hash = hash_base_model(ctx.model_dir)
     for name in ("results.json", "report.md"):
         ctx.store.put_bytes(f"export/{name}", ctx.store.get_bytes(f"report/{name}"))
     verdict = ctx.read_json("report/results.json")["verdict"]
@@ -51,7 +51,7 @@ def run(ctx: PhaseContext) -> dict:
         "trial_id": trial_id,
         "job_id": spec.job.id,
         "spec_sha256": ctx.spec_sha256,
-        "data_version": ctx.read_json("phases/data/result.json")["data_version"],
+        "data_version": ctx.data_version,
         "versions": {"torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
     }
     ctx.write_json("export/BINDING.json", binding)

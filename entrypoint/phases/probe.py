@@ -15,32 +15,43 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
 
 import torch
 
 from entrypoint.context import PhaseContext
-from entrypoint.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
-from entrypoint.model import build_model, resolve_model_dir
-from entrypoint.paramcheck import ParameterCheck
-from entrypoint.preprocess import IGNORE_INDEX, collator, encode_rows, is_causal, is_image, load_processor
+from entrypoint.data.encoding import IGNORE_INDEX
+from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
+from entrypoint.training.paramcheck import ParameterCheck
 
 __all__ = ["GRAD_RTOL", "run"]
 
 GRAD_RTOL = 1e-4  # float sums in another order: equal to about 1e-6 in fp32; bf16 needs more
 SEED = 1234
+# (name, activation checkpointing, microbatches accumulated: 1, or `k`)
+VARIANTS = (
+    ("plain", False, False),
+    ("checkpointing", True, False),
+    ("accumulation", False, True),
+    ("combined", True, True),
+)
 
 
-def _batch(ctx: PhaseContext, tokenizer, labels: list[str], size: int, causal: bool) -> dict:
+@dataclass
+class Variant:
+    record: dict  # what the result reports
+    grads: dict[str, torch.Tensor] | None  # None when the step did not fit (OOM)
+
+
+def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
     """`size` train examples, longest first, padded to exactly max_length: the worst case the trainer sees."""
-    rows = ctx.read_split("train")
-    encoded = sorted(encode_rows(tokenizer, rows, ctx.spec, labels), key=lambda e: -e.full_length)
-    features = [encoded[i % len(encoded)].features for i in range(size)]
-    batch = collator(tokenizer, causal, is_image(ctx.spec))(features)
-    length = ctx.spec.model.max_length
-    pad = length - batch["input_ids"].shape[1] if "input_ids" in batch else 0
+    kind = ctx.kind
+    encoded = sorted(kind.encode(processor, ctx.read_split("train"), labels), key=lambda e: -e.full_length)
+    batch = kind.collator(processor)([encoded[i % len(encoded)].features for i in range(size)])
+    pad = ctx.spec.model.max_length - batch["input_ids"].shape[1] if "input_ids" in batch else 0
     if pad > 0:
-        fill = {"input_ids": tokenizer.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
-        if causal:
+        fill = {"input_ids": processor.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
+        if kind.token_loss:
             fill["labels"] = IGNORE_INDEX
         for key, value in fill.items():
             if key in batch:
@@ -53,10 +64,10 @@ def _split(batch: dict, parts: int) -> list[dict]:
     return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(parts)]
 
 
-def _loss_weights(micro: list[dict], causal: bool) -> list[float]:
+def _loss_weights(micro: list[dict], token_loss: bool) -> list[float]:
     """How the trainer normalises an accumulated batch: per token across all microbatches (causal LM), or
     per example (classification). Each microbatch's mean loss is weighted by its share of the total."""
-    if causal:
+    if token_loss:
         counts = [int((m["labels"][:, 1:] != IGNORE_INDEX).sum()) for m in micro]
     else:
         counts = [m["labels"].shape[0] for m in micro]
@@ -67,7 +78,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
 
 
-def _step(model, micro: list[dict], causal: bool, checkpointing: bool, optimizer, device) -> tuple[dict, dict]:
+def _step(model, micro: list[dict], token_loss: bool, checkpointing: bool, optimizer, device) -> tuple[dict, dict]:
     """One optimizer step over `micro` microbatches; returns measurements and the gradients before the step."""
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -75,7 +86,7 @@ def _step(model, micro: list[dict], causal: bool, checkpointing: bool, optimizer
         model.activation_checkpointing_disable()
     model.train()
     torch.manual_seed(SEED)
-    weights = _loss_weights(micro, causal)
+    weights = _loss_weights(micro, token_loss)
     with PeakMemory(device) as peak:
         started = time.perf_counter()
         for part, weight in zip(micro, weights, strict=True):
@@ -101,83 +112,33 @@ def _max_rel_diff(a: dict, b: dict) -> float:
     return worst
 
 
-def _fresh(folder, causal, labels, spec, device):
-    torch.manual_seed(spec.training.seed)
-    model = build_model(folder, causal, labels, spec.adaptation, is_image(spec)).to(device)
+def _fresh(ctx: PhaseContext, labels: list[str]):
+    """The model as training builds it, and a plain AdamW over its trainable parameters."""
+    torch.manual_seed(ctx.spec.training.seed)
+    model = ctx.kind.build(ctx.model_dir, labels, ctx.spec.adaptation).to(ctx.device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return model, torch.optim.AdamW(trainable, lr=spec.training.learning_rate)
+    return model, torch.optim.AdamW(trainable, lr=ctx.spec.training.learning_rate)
 
 
 def run(ctx: PhaseContext) -> dict:
-    spec = ctx.spec
-    causal = is_causal(spec)
-    folder = resolve_model_dir(spec.model)
+    spec, kind, device = ctx.spec, ctx.kind, ctx.device
     labels = ctx.labels
-    tokenizer = load_processor(folder, spec)
-    m = spec.training.microbatch
-    k = max(2, spec.training.grad_accum)
-    device = ctx.device
-    variants, outcomes = {}, {}
-    for name, checkpointing, parts in (
-        ("plain", False, 1),
-        ("checkpointing", True, 1),
-        ("accumulation", False, k),
-        ("combined", True, k),
-    ):
-        model, optimizer = _fresh(folder, causal, labels, spec, device)
-        batch = _batch(ctx, tokenizer, labels, m * parts, causal)
-        try:
-            measured, grads = _step(model, _split(batch, parts), causal, checkpointing, optimizer, device)
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            del model, optimizer, batch  # free the failed attempt before the next variant builds its model
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            outcomes[name] = "oom"
-            variants[name] = {"oom": True, "microbatch": m, "accumulated": parts, "checkpointing": checkpointing}
-            continue
-        variants[name] = {"microbatch": m, "accumulated": parts, "checkpointing": checkpointing, **measured}
-        if name == "plain":
-            estimate = estimate_step(model, measured["peak_bytes"] - measured["start_bytes"])
-            checker = ParameterCheck(model, spec.adaptation.method)
-            checker.after_update(model, 1)
-            _step(model, [batch], causal, False, optimizer, device)
-            checker.after_update(model, 2)
-            variants[name]["parameter_check"] = {"passed": checker.done, **checker.summary()}
-        outcomes[name] = grads
-        del model, optimizer
-
-    if outcomes.get("plain") == "oom":
-        fits = [n for n in ("checkpointing", "accumulation", "combined") if outcomes.get(n) != "oom"]
-        advice = {
-            "checkpointing": "set training.activation_checkpointing: true",
-            "combined": "set training.activation_checkpointing: true",
-        }
-        hints = [advice[n] for n in fits if n in advice][:1] or [
-            f"halve training.microbatch to {max(1, m // 2)} and double training.grad_accum",
-            "use adaptation.method: lora, precision bf16, or distribution deepspeed with offload",
-        ]
-        raise OutOfMemory(f"probe: one step at microbatch {m} x {spec.model.max_length} tokens does not fit", hints)
-
-    checks = {}
-    if isinstance(outcomes.get("checkpointing"), dict):
-        checks["checkpointing_vs_plain"] = _max_rel_diff(outcomes["plain"], outcomes["checkpointing"])
-    if isinstance(outcomes.get("accumulation"), dict):
-        # Reference: one batch of k x microbatch, measured without timing (it may need more memory).
-        # Eval mode (no dropout): the two batch shapes would draw different dropout masks otherwise.
-        batch = _batch(ctx, tokenizer, labels, m * k, causal)
-        whole = _eval_grads(_fresh(folder, causal, labels, spec, device)[0], [batch], causal)
-        accumulated = _eval_grads(_fresh(folder, causal, labels, spec, device)[0], _split(batch, k), causal)
-        checks["accumulation_vs_one_batch"] = _max_rel_diff(whole, accumulated)
-        if isinstance(outcomes.get("combined"), dict):
-            checks["combined_vs_accumulation"] = _max_rel_diff(outcomes["accumulation"], outcomes["combined"])
+    processor = kind.processor(ctx.model_dir)
+    m, k = spec.training.microbatch, max(2, spec.training.grad_accum)
+    variants = {}
+    for name, checkpointing, accumulated in VARIANTS:
+        parts = k if accumulated else 1
+        batch = _batch(ctx, processor, labels, m * parts)
+        variants[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")
+    if variants["plain"].grads is None:
+        raise _does_not_fit(spec, variants)
+    checks = _gradient_checks(ctx, processor, labels, variants, k)
     failed = {name: diff for name, diff in checks.items() if diff > GRAD_RTOL}
     if failed:
         raise RuntimeError(f"probe: gradients disagree beyond {GRAD_RTOL:g} (max relative difference): {failed}")
 
-    plain = variants["plain"]
+    plain = variants["plain"].record
+    estimate = plain.pop("estimate_bytes")
     ctx.log(
         f"probe: step at {m} x {spec.model.max_length} tokens: {plain['seconds']:.3f} s, peak "
         f"{plain['peak_bytes'] / 2**20:.0f} MiB ({device.type}); checkpointing and accumulation verified"
@@ -186,20 +147,82 @@ def run(ctx: PhaseContext) -> dict:
         "device": device.type,
         "memory_measure": "allocator peak" if device.type == "cuda" else "process RSS (absolute)",
         "precision": spec.training.precision,
-        "variants": variants,
+        "variants": {name: v.record for name, v in variants.items()},
         "gradient_checks": {"max_relative_difference": checks, "tolerance": GRAD_RTOL},
-        "estimate_bytes": estimate.as_dict(),
+        "estimate_bytes": estimate,
         # The plain step's measured peak is the prediction for training: the same model, batch shape and
         # optimizer, with the optimizer state already allocated by that step.
         "predicted_peak_bytes": plain["peak_bytes"],
-        "loss_normalization": "per token across the accumulated batch" if causal else "per example",
+        "loss_normalization": "per token across the accumulated batch" if kind.token_loss else "per example",
         "grad_accum_verified_with": k,
     }
 
 
-def _eval_grads(model, micro: list[dict], causal: bool) -> dict[str, torch.Tensor]:
+def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: bool, with_checks: bool) -> Variant:
+    """One timed optimizer step of a fresh model over `parts` microbatches. With `with_checks`, also the
+    memory estimate and the parameter check after two updates."""
+    model, optimizer = _fresh(ctx, labels)
+    record = {"microbatch": batch["labels"].shape[0] // parts, "accumulated": parts, "checkpointing": checkpointing}
+    token_loss = ctx.kind.token_loss
+    try:
+        measured, grads = _step(model, _split(batch, parts), token_loss, checkpointing, optimizer, ctx.device)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        del model, optimizer  # free the failed attempt before the next variant builds its model
+        gc.collect()
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return Variant({"oom": True, **record}, None)
+    record.update(measured)
+    if with_checks:
+        record["estimate_bytes"] = estimate_step(model, measured["peak_bytes"] - measured["start_bytes"]).as_dict()
+        checker = ParameterCheck(model, ctx.spec.adaptation.method)
+        checker.after_update(model, 1)
+        _step(model, [batch], token_loss, False, optimizer, ctx.device)
+        checker.after_update(model, 2)
+        record["parameter_check"] = {"passed": checker.done, **checker.summary()}
+    return Variant(record, grads)
+
+
+def _gradient_checks(ctx: PhaseContext, processor, labels, variants: dict[str, Variant], k: int) -> dict[str, float]:
+    """Largest relative gradient difference of each variant against what it must equal."""
+    checks = {}
+    if variants["checkpointing"].grads is not None:
+        checks["checkpointing_vs_plain"] = _max_rel_diff(variants["plain"].grads, variants["checkpointing"].grads)
+    if variants["accumulation"].grads is not None:
+        # Reference: one batch of k x microbatch, measured without timing (it may need more memory).
+        # Eval mode (no dropout): the two batch shapes would draw different dropout masks otherwise.
+        batch = _batch(ctx, processor, labels, ctx.spec.training.microbatch * k)
+        token_loss = ctx.kind.token_loss
+        whole = _eval_grads(_fresh(ctx, labels)[0], [batch], token_loss)
+        accumulated = _eval_grads(_fresh(ctx, labels)[0], _split(batch, k), token_loss)
+        checks["accumulation_vs_one_batch"] = _max_rel_diff(whole, accumulated)
+        if variants["combined"].grads is not None:
+            checks["combined_vs_accumulation"] = _max_rel_diff(
+                variants["accumulation"].grads, variants["combined"].grads
+            )
+    return checks
+
+
+def _does_not_fit(spec, variants: dict[str, Variant]) -> OutOfMemory:
+    """The plain step did not fit: say which setting would make it fit, from the variants that did."""
+    m = spec.training.microbatch
+    fits = [n for n in ("checkpointing", "combined") if variants[n].grads is not None]
+    hints = (
+        ["set training.activation_checkpointing: true"]
+        if fits
+        else [
+            f"halve training.microbatch to {max(1, m // 2)} and double training.grad_accum",
+            "use adaptation.method: lora, precision bf16, or distribution deepspeed with offload",
+        ]
+    )
+    return OutOfMemory(f"probe: one step at microbatch {m} x {spec.model.max_length} tokens does not fit", hints)
+
+
+def _eval_grads(model, micro: list[dict], token_loss: bool) -> dict[str, torch.Tensor]:
     """Gradients of the accumulated, normalised loss over `micro`, in eval mode (dropout off)."""
     model.eval()
-    for part, weight in zip(micro, _loss_weights(micro, causal), strict=True):
+    for part, weight in zip(micro, _loss_weights(micro, token_loss), strict=True):
         (model(**part).loss * weight).backward()
     return _grads(model)

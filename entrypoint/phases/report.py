@@ -4,9 +4,10 @@ phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run ag
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
-from entrypoint.envinfo import environment
-from entrypoint.plots import category_bars_png, loss_curves_png
-from entrypoint.report import RESULTS_VERSION, Results, bar_family, config_sha256, limitations, render_markdown
+from entrypoint.report.markdown import render_markdown
+from entrypoint.report.plots import category_bars_png, loss_curves_png
+from entrypoint.report.results import RESULTS_VERSION, Results, bar_family, config_sha256, limitations
+from entrypoint.training.environment import environment
 
 __all__ = ["run"]
 

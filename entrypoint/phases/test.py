@@ -1,108 +1,40 @@
-"""Test phase: open the sealed test split once, for the selected trial and the baseline.
-
-The split is sealed by its content: `<root>/sealed-tests/<sha256 of test.jsonl>/opened.json` is written
-with a conditional put the first time, naming the job, spec sha256 and trial. A later opening of the same
-test data by another spec or another trial is refused: measuring several candidates on the test split and
-keeping the best turns it into a second eval split. `rentune run --reopen-test REASON` overrides the
-refusal; the reason and the earlier opening go into the store and the report.
+"""Test phase: open the sealed test split once, for the selected trial and the baseline (the seal itself:
+entrypoint/evaluation/seal.py). Nothing here selects or tunes: the evaluate phase already chose on eval.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 
-from entrypoint.context import PhaseContext, dumps, to_jsonl
-from entrypoint.evaluation import eval_config, score
-from entrypoint.model import hash_base_model, resolve_model_dir
-from entrypoint.phases.baseline import baseline_outputs
-from entrypoint.phases.evaluate import evaluate_trial
-from entrypoint.store import ObjectExists, ObjectNotFound
-from entrypoint.verdict import check_guardrails, hypothesis_verdict
+from entrypoint.context import PhaseContext
+from entrypoint.evaluation.procedure import baseline_outputs, eval_config, evaluate_trial, score
+from entrypoint.evaluation.seal import open_seal
+from entrypoint.evaluation.verdict import check_guardrails, hypothesis_verdict
+from entrypoint.job.state import to_jsonl
+from entrypoint.training.model import hash_base_model
 
-__all__ = ["TestSealed", "check_seal", "run", "seal_key"]
-
-
-class TestSealed(RuntimeError):
-    """The test split was already opened by another spec or trial, and no override was given."""
-
-
-def seal_key(test_sha256: str) -> str:
-    return f"sealed-tests/{test_sha256}/opened.json"
-
-
-def _refusal(test_sha256: str, first: dict) -> TestSealed:
-    return TestSealed(
-        f"the sealed test split (sha256 {test_sha256[:16]}) was already opened by job {first['job_id']!r} "
-        f"(spec {first['spec_sha256'][:12]}, trial {first['trial_id']!r}); opening it again for another spec or "
-        "trial makes it a second eval split. Use new test data, or pass --reopen-test 'REASON' (the reason "
-        "is written into the report)"
-    )
-
-
-def check_seal(ctx: PhaseContext, test_sha256: str) -> None:
-    """Called by the data phase: refuse early, before any training, a job whose test split another job
-    already opened (unless the user gave a reason to reopen it)."""
-    root = ctx.root if ctx.root is not None else ctx.store
-    try:
-        first = json.loads(root.get_bytes(seal_key(test_sha256)))
-    except ObjectNotFound:
-        return
-    if (first["job_id"], first["spec_sha256"]) != (ctx.spec.job.id, ctx.spec_sha256) and ctx.reopen_test is None:
-        raise _refusal(test_sha256, first)
-
-
-def _open_seal(ctx: PhaseContext, test_sha256: str, trial_id: str) -> dict | None:
-    """Record this opening; returns the override record when an earlier opening was overridden."""
-    root = ctx.root if ctx.root is not None else ctx.store
-    opening = {
-        "job_id": ctx.spec.job.id,
-        "spec_sha256": ctx.spec_sha256,
-        "trial_id": trial_id,
-        "test_sha256": test_sha256,
-        "opened_at": time.time(),
-    }
-    try:
-        root.put_if_absent(seal_key(test_sha256), dumps(opening))
-        return None
-    except ObjectExists:
-        first = json.loads(root.get_bytes(seal_key(test_sha256)))
-    if (first["job_id"], first["spec_sha256"], first["trial_id"]) == (
-        opening["job_id"],
-        opening["spec_sha256"],
-        trial_id,
-    ):
-        return None  # this job's own opening, by a process that stopped before the phase committed
-    if ctx.reopen_test is None:
-        raise _refusal(test_sha256, first)
-    override = {"reason": ctx.reopen_test, "earlier_opening": first, "this_opening": opening}
-    root.put_bytes(
-        f"sealed-tests/{test_sha256}/reopened/{opening['job_id']}-{int(opening['opened_at'])}.json", dumps(override)
-    )
-    ctx.log(f"test: reopening the sealed test split on request: {ctx.reopen_test}")
-    return override
+__all__ = ["run"]
 
 
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
     selected = ctx.read_json("phases/evaluate/result.json")["selected"]
     test_sha256 = hashlib.sha256(ctx.store.get_bytes("phases/data/test.jsonl")).hexdigest()
-    override = _open_seal(ctx, test_sha256, selected)
+    override = open_seal(ctx, test_sha256, selected)
 
     rows = ctx.read_split("test")
-    baseline_out, method = baseline_outputs(ctx, rows)
-    baseline = score(spec, rows, baseline_out, ctx.labels)
+    untouched = baseline_outputs(ctx, rows)
+    baseline = score(spec, rows, untouched.outputs, ctx.labels)
     _, outputs, report = evaluate_trial(ctx, selected, "test")
-    base_sha = hash_base_model(resolve_model_dir(spec.model)).sha256
-    config = eval_config(spec, "test", ctx.read_json("phases/data/result.json")["data_version"], base_sha)
+    config = eval_config(spec, ctx.kind, "test", ctx.data_version, hash_base_model(ctx.model_dir).sha256)
     ctx.store.put_bytes(
         "phases/test/predictions.jsonl",
         to_jsonl(
-            {**row, "baseline_output": b, "output": o} for row, b, o in zip(rows, baseline_out, outputs, strict=True)
+            {**row, "baseline_output": b, "output": o}
+            for row, b, o in zip(rows, untouched.outputs, outputs, strict=True)
         ),
     )
-    ctx.write_json("phases/test/eval_config.json", {**config, "baseline": method})
+    ctx.write_json("phases/test/eval_config.json", {**config, "baseline": untouched.method})
     ctx.write_json("phases/test/metrics.json", {"baseline": baseline, selected: report})
     verdict = hypothesis_verdict(spec.hypothesis, baseline["metrics"], report["metrics"])
     guardrails = check_guardrails(spec.guardrails, baseline["metrics"], report["metrics"])

@@ -19,34 +19,42 @@ from __future__ import annotations
 
 import gc
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import set_seed
 
-from entrypoint.checkpoint import CheckpointError, checkpoint_prefix, find_latest, list_steps
-from entrypoint.context import PhaseContext, dumps, to_jsonl
-from entrypoint.distributed import deepspeed_config, is_worker, needs_launch, rank, run_torchrun, torchrun_command
-from entrypoint.envinfo import environment, platform_summary
-from entrypoint.evaluation import predict
-from entrypoint.memory import is_oom
-from entrypoint.model import adaptation_summary, build_model, hash_base_model, load_trained, resolve_model_dir
-from entrypoint.preprocess import collator, encode_rows, is_causal, is_image, load_processor
+from entrypoint.context import PhaseContext
+from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
+from entrypoint.job.state import dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
-from entrypoint.trainer import (
-    EXIT_INTERRUPTED,
+from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest, list_steps
+from entrypoint.training.distributed import (
+    deepspeed_config,
+    is_worker,
+    needs_launch,
+    rank,
+    run_torchrun,
+    torchrun_command,
+)
+from entrypoint.training.environment import environment, platform_summary
+from entrypoint.training.memory import is_oom
+from entrypoint.training.model import adaptation_summary, hash_base_model
+from entrypoint.training.trainer import (
     DivergenceCallback,
     FirstStepsCallback,
-    Interrupted,
     NonFiniteLoss,
     ProgressCallback,
     StoreCheckpointCallback,
     build_trainer,
     graceful_sigterm,
-    planned_steps,
 )
 from jobspec.experiments import MAIN, Trial, resolve_trials, trial_spec
+from jobspec.plan import planned_steps
+from jobspec.schema import JobSpec
 
-__all__ = ["InvalidTrial", "run", "train_trial", "trial_result_key", "worker_result_key"]
+__all__ = ["BUDGET_UNIT", "InvalidTrial", "run", "train_trial"]
 
 
 BUDGET_UNIT = "training examples processed (optimizer steps x microbatch x grad_accum x processes)"
@@ -54,15 +62,6 @@ BUDGET_UNIT = "training examples processed (optimizer steps x microbatch x grad_
 
 class InvalidTrial(RuntimeError):
     """This trial's settings cannot train; recorded with the reason, and the job goes on with the next."""
-
-
-def trial_result_key(trial_id: str) -> str:
-    return f"trials/{trial_id}/result.json"
-
-
-def worker_result_key(trial_id: str) -> str:
-    """Written by torchrun's rank 0 for the launching process."""
-    return f"trials/{trial_id}/train_result.json"
 
 
 def _deadline(ctx: PhaseContext) -> tuple[float | None, dict]:
@@ -174,17 +173,6 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
     return record
 
 
-def _checkpoint_meta(ctx: PhaseContext, trial_id: str, base_sha256: str) -> dict:
-    env = environment()
-    return {
-        "trial_id": trial_id,
-        "spec_sha256": ctx.spec_sha256,
-        "data_version": ctx.read_json("phases/data/result.json")["data_version"],
-        "base_model_sha256": base_sha256,
-        "env": platform_summary(env),
-    }
-
-
 def _launch(ctx: PhaseContext, trial: Trial) -> dict:
     """Run this trial in `nproc_per_node` torchrun workers and return rank 0's result."""
     distribution = ctx.spec.distribution
@@ -203,113 +191,52 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
 
 
 def train_trial(ctx: PhaseContext, trial: Trial) -> dict:
-    """Train one trial to its planned end and commit its weights. Returns its record: status `completed`,
-    or `invalid` with the reason (NaN loss, settings the model cannot take). Raises Interrupted on SIGTERM
-    (after committing a checkpoint when the grace allowed)."""
+    """Train one trial to its planned end and commit its weights. Returns its record: status `completed`
+    (or `stopped` at the plan's deadline), or `invalid` with the reason (NaN loss, settings the model
+    cannot take). Raises Interrupted on SIGTERM (after committing a checkpoint when the grace allowed)."""
     try:
         return _train(ctx, trial)
     except (NonFiniteLoss, InvalidTrial) as exc:
         return {"status": "invalid", "reason": str(exc), "evaluable": False}
 
 
+@dataclass
+class _Setup:
+    """What one trial trains with, prepared in this process."""
+
+    spec: JobSpec  # the trial's own settings on top of the job's
+    processor: object
+    model: torch.nn.Module
+    features: list[dict]
+    eval_rows: list[dict]
+    eval_features: list[dict]
+    adaptation: dict
+    meta: dict  # what every checkpoint manifest of this trial records
+    out: Path  # local scratch for the Trainer (shared by the ranks of one node)
+
+
 def _train(ctx: PhaseContext, trial: Trial) -> dict:
-    spec = trial_spec(ctx.spec, trial)
-    set_seed(spec.training.seed)
-    folder = resolve_model_dir(spec.model)
-    labels = ctx.labels
-    causal = is_causal(spec)
-    tokenizer = load_processor(folder, spec)
-    try:
-        model = build_model(folder, causal, labels, spec.adaptation, is_image(spec))
-    except ValueError as exc:  # e.g. peft: target modules not found in the base model
-        raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
-    features = [e.features for e in encode_rows(tokenizer, ctx.read_split("train"), spec, labels)]
-    eval_rows = ctx.read_split("eval")
-    eval_features = [e.features for e in encode_rows(tokenizer, eval_rows, spec, labels)]
-    adaptation = adaptation_summary(model)
-    trainable, total = adaptation["trainable_parameters"], adaptation["total_parameters"]
-    ctx.log(
-        f"train: {len(features)} examples, {trainable:,} of {total:,} parameters trainable ({spec.adaptation.method}, "
-        f"{len(adaptation['lora_modules'])} LoRA modules, saved in full: {adaptation['modules_to_save'] or 'none'})"
-    )
-
-    meta = _checkpoint_meta(ctx, trial.id, hash_base_model(folder).sha256)
-    prefix = checkpoint_prefix(trial.id)
-    out = ctx.workdir / "trials" / trial.id  # shared by the ranks of one node under torchrun
-    if not is_worker():
-        shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
-    resume_dir = out / f"resume-rank{rank()}"
-    shutil.rmtree(resume_dir, ignore_errors=True)
-    resume = find_latest(ctx.store, prefix, resume_dir, ctx.log)
-    platform_change = None
-    if resume is not None:
-        for field in ("spec_sha256", "data_version", "base_model_sha256"):
-            if resume.manifest.get(field) != meta[field]:
-                raise CheckpointError(
-                    f"checkpoint step {resume.step}: {field} differs from this job's; refusing to resume from it"
-                )
-        ctx.log(f"train: resuming from committed checkpoint step {resume.step}")
-        if resume.manifest.get("env") != meta["env"]:
-            platform_change = {"checkpoint": resume.manifest.get("env"), "now": meta["env"]}
-            ctx.log(f"train: platform change since step {resume.step}: {platform_change}; results are flagged")
-
-    deadline, _ = _deadline(ctx)
-    with graceful_sigterm(spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        saver = StoreCheckpointCallback(
-            ctx.store, prefix, meta, spec.training.checkpoint, sigterm, ctx.log, deadline=deadline, clock=ctx.clock
-        )
-        zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
-        first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
-        divergence = DivergenceCallback()
-        trainer = build_trainer(
-            model,
-            collator(tokenizer, causal, is_image(spec)),
-            features,
-            spec.training,
-            out / "trainer",
-            ctx.device.type == "cpu",
-            [ProgressCallback(ctx.log), saver, first_steps, divergence],
-            token_normalized_loss=causal,
-            deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
-            if spec.distribution.strategy == "deepspeed"
-            else None,
-            eval_features=eval_features,
-        )
-        outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
-        divergence.raise_if_diverged()
-        if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
-            raise Interrupted(
-                f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
-                f"committed checkpoints: {saver.committed or 'none in this process'}"
-            )
-
-    final = out / "final"
+    setup = _prepare(ctx, trial)
+    resume, platform_change = _resume_point(ctx, trial, setup)
+    with graceful_sigterm(setup.spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
+        trainer, saver, first_steps, outcome = _fit(ctx, trial, setup, resume, sigterm)
+    final = setup.out / "final"
     trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
     if not trainer.is_world_process_zero():
         return {}
-    tokenizer.save_pretrained(final)
+    setup.processor.save_pretrained(final)
     keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
 
     # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
-    model = (
-        trainer.model
-        if not is_worker()
-        else load_trained(folder, final, labels, spec.adaptation.method, causal, is_image(spec))
-    )
-    outputs = predict(model, tokenizer, eval_rows, spec, labels, ctx.device)
+    model = trainer.model if not is_worker() else _reload(ctx, setup, final)
+    outputs = ctx.kind.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
     ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
-    probe_peak = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
-    # The probe measured main's settings; its prediction applies to a variant only if they match there.
-    probed = trial.id == MAIN or all(
-        getattr(trial.training, f) == getattr(ctx.spec.training, f)
-        for f in ("microbatch", "activation_checkpointing", "precision")
-    )
-    history = trainer.state.log_history
-    cut = trainer.state.global_step < trainer.state.max_steps  # not SIGTERM (raised above): the deadline
+    state = trainer.state
+    cut = state.global_step < state.max_steps  # not SIGTERM (raised in _fit): the plan's deadline
     return {
         "status": "stopped" if cut else "completed",
-        "reason": f"cut short at the plan's training deadline after {trainer.state.global_step} of "
-        f"{trainer.state.max_steps} steps; the weights at that step are evaluated"
+        "reason": f"cut short at the plan's training deadline after {state.global_step} of {state.max_steps} "
+        "steps; the weights at that step are evaluated"
         if cut
         else None,
         "evaluable": True,
@@ -317,19 +244,128 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()}
         if first_steps.check
         else {"passed": None, "skipped": "ZeRO-3 partitions parameters; the probe's check covers the model"},
-        "memory": {
-            "first_steps_peak_bytes": first_steps.peak_bytes,
-            "probe_predicted_peak_bytes": probe_peak if probed else None,
-            "actual_over_predicted": first_steps.peak_bytes / probe_peak if first_steps.peak_bytes and probed else None,
-        },
-        "steps": trainer.state.global_step,
-        "planned_steps": trainer.state.max_steps,
+        "memory": _memory(ctx, trial, first_steps.peak_bytes),
+        "steps": state.global_step,
+        "planned_steps": state.max_steps,
         "resumed_from_step": resume.step if resume else None,
         "platform_change": platform_change,
         "train_loss": outcome.training_loss,
-        "losses": [{"step": e["step"], "loss": e["loss"]} for e in history if "loss" in e],
-        "eval_losses": [{"step": e["step"], "loss": e["eval_loss"]} for e in history if "eval_loss" in e],
+        "losses": [{"step": e["step"], "loss": e["loss"]} for e in state.log_history if "loss" in e],
+        "eval_losses": [{"step": e["step"], "loss": e["eval_loss"]} for e in state.log_history if "eval_loss" in e],
         "checkpoints_committed": saver.committed,
-        "adaptation": adaptation,
+        "adaptation": setup.adaptation,
         "weights": keys,
+    }
+
+
+def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
+    """The trial's model (LoRA-wrapped or full), its encoded train and eval splits, and its scratch folder."""
+    spec, kind, labels = trial_spec(ctx.spec, trial), ctx.kind, ctx.labels
+    set_seed(spec.training.seed)
+    processor = kind.processor(ctx.model_dir)
+    try:
+        model = kind.build(ctx.model_dir, labels, spec.adaptation)
+    except ValueError as exc:  # e.g. peft: target modules not found in the base model
+        raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
+    features = [e.features for e in kind.encode(processor, ctx.read_split("train"), labels)]
+    eval_rows = ctx.read_split("eval")
+    eval_features = [e.features for e in kind.encode(processor, eval_rows, labels)]
+    adaptation = adaptation_summary(model)
+    trainable, total = adaptation["trainable_parameters"], adaptation["total_parameters"]
+    ctx.log(
+        f"train: {len(features)} examples, {trainable:,} of {total:,} parameters trainable ({spec.adaptation.method}, "
+        f"{len(adaptation['lora_modules'])} LoRA modules, saved in full: {adaptation['modules_to_save'] or 'none'})"
+    )
+    meta = {
+        "trial_id": trial.id,
+        "spec_sha256": ctx.spec_sha256,
+        "data_version": ctx.data_version,
+        "base_model_sha256": hash_base_model(ctx.model_dir).sha256,
+        "env": platform_summary(environment()),
+    }
+    out = ctx.workdir / "trials" / trial.id
+    if not is_worker():
+        shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
+    return _Setup(spec, processor, model, features, eval_rows, eval_features, adaptation, meta, out)
+
+
+def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Checkpoint | None, dict | None]:
+    """The newest committed checkpoint that verifies and belongs to this job (or None), and the platform
+    change since it was written (or None)."""
+    resume_dir = setup.out / f"resume-rank{rank()}"
+    shutil.rmtree(resume_dir, ignore_errors=True)
+    resume = find_latest(ctx.store, checkpoint_prefix(trial.id), resume_dir, ctx.log)
+    if resume is None:
+        return None, None
+    for field in ("spec_sha256", "data_version", "base_model_sha256"):
+        if resume.manifest.get(field) != setup.meta[field]:
+            raise CheckpointError(
+                f"checkpoint step {resume.step}: {field} differs from this job's; refusing to resume from it"
+            )
+    ctx.log(f"train: resuming from committed checkpoint step {resume.step}")
+    if resume.manifest.get("env") == setup.meta["env"]:
+        return resume, None
+    change = {"checkpoint": resume.manifest.get("env"), "now": setup.meta["env"]}
+    ctx.log(f"train: platform change since step {resume.step}: {change}; results are flagged")
+    return resume, change
+
+
+def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | None, sigterm: graceful_sigterm):
+    """Run the HF Trainer from `resume` to the planned end, the plan's deadline or SIGTERM (raised as
+    Interrupted once the checkpoint committed). Returns the trainer, its callbacks and its outcome."""
+    spec = setup.spec
+    deadline, _ = _deadline(ctx)
+    saver = StoreCheckpointCallback(
+        ctx.store,
+        checkpoint_prefix(trial.id),
+        setup.meta,
+        spec.training.checkpoint,
+        sigterm,
+        ctx.log,
+        deadline=deadline,
+        clock=ctx.clock,
+    )
+    zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
+    first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
+    divergence = DivergenceCallback()
+    trainer = build_trainer(
+        setup.model,
+        ctx.kind.collator(setup.processor),
+        setup.features,
+        spec.training,
+        output_dir=setup.out / "trainer",
+        device=ctx.device,
+        token_loss=ctx.kind.token_loss,
+        callbacks=[ProgressCallback(ctx.log), saver, first_steps, divergence],
+        deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
+        if spec.distribution.strategy == "deepspeed"
+        else None,
+        eval_features=setup.eval_features,
+    )
+    outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+    divergence.raise_if_diverged()
+    if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
+        raise Interrupted(
+            f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
+            f"committed checkpoints: {saver.committed or 'none in this process'}"
+        )
+    return trainer, saver, first_steps, outcome
+
+
+def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:
+    return ctx.kind.reload(ctx.model_dir, final, ctx.labels, setup.spec.adaptation.method)
+
+
+def _memory(ctx: PhaseContext, trial: Trial, peak: int | None) -> dict:
+    """The first steps' peak next to the probe's prediction. The probe measured main's settings; its
+    prediction applies to a variant only if they match there."""
+    predicted = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
+    probed = trial.id == MAIN or all(
+        getattr(trial.training, f) == getattr(ctx.spec.training, f)
+        for f in ("microbatch", "activation_checkpointing", "precision")
+    )
+    return {
+        "first_steps_peak_bytes": peak,
+        "probe_predicted_peak_bytes": predicted if probed else None,
+        "actual_over_predicted": peak / predicted if peak and probed else None,
     }

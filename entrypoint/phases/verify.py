@@ -1,6 +1,6 @@
 """Verify phase: before anything is exported, a fresh process (a real subprocess, sharing nothing with the
 trainer but the store) downloads the selected trial's final checkpoint, verifies its manifest, reloads the
-model and re-runs the eval split (entrypoint/verify_worker.py). Its metrics must equal those of the outputs
+model and re-runs the eval split (entrypoint/evaluation/verify_worker.py). Its metrics must equal those of the outputs
 recorded at the end of training within VERIFY_TOLERANCE, or the job fails loudly and nothing is exported.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from entrypoint.context import PhaseContext, read_jsonl
-from entrypoint.evaluation import score
+from entrypoint.context import PhaseContext
+from entrypoint.evaluation.procedure import score
+from entrypoint.job.state import read_jsonl
 
 __all__ = ["VERIFY_TOLERANCE", "VerificationFailed", "run"]
 
@@ -29,7 +30,7 @@ def run(ctx: PhaseContext) -> dict:
     command = [
         sys.executable,
         "-m",
-        "entrypoint.verify_worker",
+        "entrypoint.evaluation.verify_worker",
         *ctx.store_args,
         "--workdir",
         str(ctx.workdir / "verify"),

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from entrypoint.errors import InvalidInput
+
 __all__ = [
     "InvalidKey",
     "ObjectExists",
@@ -46,7 +48,7 @@ class TransientStoreError(StoreError):
     """A failure worth retrying later (throttling, 5xx, connection reset) after the client's own retries."""
 
 
-class InvalidKey(StoreError, ValueError):
+class InvalidKey(StoreError, InvalidInput):
     """A key that could escape the store root or is malformed."""
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.checkpoint import (
+from entrypoint.store import PrefixedStore
+from entrypoint.store.checkpoint import (
     MANIFEST,
     CheckpointError,
     commit_checkpoint,
@@ -23,7 +24,6 @@ from entrypoint.checkpoint import (
     list_steps,
     rotate,
 )
-from entrypoint.store import PrefixedStore
 from tests.s3server import Faults
 
 PREFIX = "trials/t/checkpoints"
@@ -164,7 +164,7 @@ UPLOADER = textwrap.dedent(
     """
     import sys, threading, time
     from pathlib import Path
-    from entrypoint.checkpoint import commit_checkpoint
+    from entrypoint.store.checkpoint import commit_checkpoint
     from entrypoint.store.s3 import S3Store
     store = S3Store.from_uri(sys.argv[1], endpoint_url=sys.argv[2], addressing_style="path",
                              multipart_threshold=5 << 20, multipart_chunksize=5 << 20, max_concurrency=2)

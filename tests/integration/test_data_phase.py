@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from entrypoint.context import PhaseContext
-from entrypoint.dataio import DataError
+from entrypoint.data.reading import DataError
 from entrypoint.phases import data as data_phase
 from entrypoint.store import FileStore, PrefixedStore
 from jobspec import parse_spec

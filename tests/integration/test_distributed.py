@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.models import build_tiny_bert
+from tests.specs import tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
@@ -26,25 +26,19 @@ def bert(tmp_path_factory) -> Path:
 
 
 def _spec(tmp_path: Path, model: Path, distribution: dict) -> Path:
-    spec = {
-        "job": {"id": "dist"},
-        "hypothesis": {"task": "classification", "statement": "two processes"},
-        "model": {"path": str(model), "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "target_modules": ["query", "value"]},
-        "training": {
+    spec = tiny_job(
+        "dist",
+        model,
+        training={
             "max_steps": 150,
             "microbatch": 4,
-            "device": "cpu",
             "log_every_steps": 10,
             "checkpoint": {"every_steps": 10, "keep": 2},
         },
-        "distribution": distribution,
-        "store": {"uri": f"file://{tmp_path / 'store'}"},
-    }
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+        distribution=distribution,
+        store={"uri": f"file://{tmp_path / 'store'}"},
+    )
+    return write_spec(tmp_path / "spec.yaml", spec)
 
 
 def _start(spec: Path, workdir: Path) -> subprocess.Popen:

@@ -7,18 +7,18 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from entrypoint.model import build_model
-from entrypoint.preprocess import collator
-from entrypoint.trainer import DivergenceCallback, NonFiniteLoss, build_trainer
+from entrypoint.training.trainer import DivergenceCallback, NonFiniteLoss, build_trainer
 from jobspec.schema import Adaptation, Training
 from tests.models import build_tiny_bert
+from tests.specs import kind_of, tiny_job
 
 
 @pytest.mark.parametrize("poison", [False, True], ids=["healthy", "nan-head"])
 def test_nan_loss_stops_training_and_raises(tmp_path, poison):
     folder = build_tiny_bert(tmp_path / "bert")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = build_model(folder, False, ["a", "b"], Adaptation(target_modules=["query", "value"]))
+    kind = kind_of(tiny_job("nan", folder))
+    model = kind.build(folder, ["a", "b"], Adaptation(target_modules=["query", "value"]))
     if poison:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -28,7 +28,14 @@ def test_nan_loss_stops_training_and_raises(tmp_path, poison):
     training = Training(max_steps=8, microbatch=4, log_every_steps=1, device="cpu")
     divergence = DivergenceCallback()
     trainer = build_trainer(
-        model, collator(tokenizer, False), features, training, tmp_path / "out", True, [divergence], False
+        model,
+        kind.collator(tokenizer),
+        features,
+        training,
+        output_dir=tmp_path / "out",
+        device=torch.device("cpu"),
+        token_loss=kind.token_loss,
+        callbacks=[divergence],
     )
     trainer.train()
     if not poison:

@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
-PHASES = ["data", "baseline", "probe", "train", "evaluate", "test", "report", "export"]
+PHASES = ["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]
 
 
 def _spec(tmp_path: Path, **training) -> Path:
@@ -64,11 +64,49 @@ def test_adapted_model_beats_zero_shot_baseline(finished_job):
     assert "train: step" in result.stdout  # progress shown while training
 
 
-def test_every_phase_committed_its_result_last(finished_job):
-    _, _, _, job = finished_job
+class RecordingStore:
+    """A store that records the key of every write, in order, and delegates everything to `inner`."""
+
+    def __init__(self, inner):
+        self.inner, self.writes = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put_bytes(self, key, data):
+        self.inner.put_bytes(key, data)
+        self.writes.append(key)
+
+    def put_if_absent(self, key, data):
+        self.inner.put_if_absent(key, data)
+        self.writes.append(key)
+
+    def put_file(self, key, path):
+        self.inner.put_file(key, path)
+        self.writes.append(key)
+
+
+def test_every_phase_committed_its_result_last(tmp_path):
+    """A whole job through run_job on a recording store: each phase's result.json is written once, in
+    phase order, and after it nothing more is written into that phase's folder; the last phase's result
+    is followed only by the attempt's own records."""
+    from entrypoint.runner import run_job
+    from entrypoint.store import FileStore
+    from tests.models import build_tiny_bert
+    from tests.specs import load, tiny_job
+
+    store = RecordingStore(FileStore(tmp_path / "store"))
+    loaded = load(tiny_job("order", build_tiny_bert(tmp_path / "bert")))
+    run_job(loaded, store, tmp_path / "work", lambda message: None)
+    writes = [key.removeprefix("jobs/order/") for key in store.writes]
+    commits = [key for key in writes if key.startswith("phases/") and key.endswith("/result.json")]
+    assert commits == [f"phases/{phase}/result.json" for phase in PHASES]
     for phase in PHASES:
-        assert json.loads((job / f"phases/{phase}/result.json").read_text())["seconds"] >= 0
-    assert json.loads((job / "attempts/1/ended.json").read_text())["outcome"] == "completed"
+        after = writes[writes.index(f"phases/{phase}/result.json") + 1 :]
+        assert not [key for key in after if key.startswith(f"phases/{phase}/")], phase
+    tail = writes[writes.index(f"phases/{PHASES[-1]}/result.json") + 1 :]
+    assert tail and all(key.startswith("attempts/1/") for key in tail), tail
+    assert json.loads((tmp_path / "store/jobs/order/attempts/1/ended.json").read_text())["outcome"] == "completed"
 
 
 def test_probe_prediction_and_parameter_check_on_the_real_model(finished_job):

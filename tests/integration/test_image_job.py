@@ -16,7 +16,7 @@ import yaml
 from PIL import Image
 
 from entrypoint.context import PhaseContext
-from entrypoint.dataio import DataError
+from entrypoint.data.reading import DataError
 from entrypoint.phases import data as data_phase
 from entrypoint.store import FileStore, PrefixedStore
 from jobspec import parse_spec

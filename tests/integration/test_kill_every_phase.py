@@ -12,40 +12,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from entrypoint.runner import PHASES
 from tests.models import build_tiny_bert
+from tests.specs import tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
 
 
 def _spec(tmp: Path, model: Path) -> Path:
-    spec = {
-        "job": {"id": "killed"},
-        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
-        "guardrails": [{"metric": "f1/*", "tolerance": 1.0}],
-        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "training": {
+    spec = tiny_job(
+        "killed",
+        model,
+        guardrails=[{"metric": "f1/*", "tolerance": 1.0}],
+        training={
             "max_steps": 40,
-            "microbatch": 8,
-            "learning_rate": 0.005,
             "seed": 5,
             "deterministic": True,
-            "device": "cpu",
             "log_every_steps": 1,
             "checkpoint": {"every_steps": 10, "keep": 2},
         },
-        "experiments": [
-            {"id": "r2", "changes": ["adaptation.rank"], "rationale": "smaller", "adaptation": {"rank": 2}}
-        ],
-    }
-    path = tmp / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+        experiments=[{"id": "r2", "changes": ["adaptation.rank"], "rationale": "smaller", "adaptation": {"rank": 2}}],
+    )
+    return write_spec(tmp / "spec.yaml", spec)
 
 
 def _run(spec: Path, store: Path, work: Path, kill_at: str | None = None) -> tuple[int, list[str]]:

@@ -14,12 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import yaml
 
 from entrypoint.runner import run_job
 from entrypoint.store import FileStore
-from jobspec import parse_spec
 from tests.models import build_tiny_bert
+from tests.specs import load, tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
@@ -44,15 +43,12 @@ class FakeClock:
 def cut_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lease")
     model = build_tiny_bert(tmp / "bert")
-    spec = {
-        "job": {"id": "lease"},
-        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
-        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "training": {"max_steps": MAX_STEPS, "microbatch": 8, "learning_rate": 0.005, "device": "cpu"},
-        "rental": {"window": "3d", "started_at": LEASE_START.isoformat(), "margin": "2h"},
-        "experiments": [
+    spec = tiny_job(
+        "lease",
+        model,
+        training={"max_steps": MAX_STEPS},
+        rental={"window": "3d", "started_at": LEASE_START.isoformat(), "margin": "2h"},
+        experiments=[
             {
                 "id": "lr-low",
                 "changes": ["training.learning_rate"],
@@ -60,8 +56,8 @@ def cut_job(tmp_path_factory):
                 "training": {"learning_rate": 0.001},
             }
         ],
-    }
-    loaded = parse_spec(yaml.safe_dump(spec), source="spec.yaml")
+    )
+    loaded = load(spec)
     clock = FakeClock(LEASE_START.timestamp())
     lines: list[str] = []
     outcome = run_job(loaded, FileStore(tmp / "store"), tmp / "work", lines.append, clock=clock)

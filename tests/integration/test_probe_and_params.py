@@ -13,17 +13,17 @@ import yaml
 from safetensors.torch import load_file
 
 from entrypoint.context import PhaseContext
-from entrypoint.memory import OutOfMemory
-from entrypoint.model import ModelError, build_model
-from entrypoint.paramcheck import ParameterCheck, ParameterCheckError
 from entrypoint.phases import data as data_phase
 from entrypoint.phases import probe as probe_phase
-from entrypoint.preprocess import collator, encode_rows
 from entrypoint.store import FileStore, PrefixedStore
-from entrypoint.trainer import build_trainer
+from entrypoint.training.memory import OutOfMemory
+from entrypoint.training.model import ModelError
+from entrypoint.training.paramcheck import ParameterCheck, ParameterCheckError
+from entrypoint.training.trainer import build_trainer
 from jobspec import parse_spec
 from jobspec.schema import Adaptation
 from tests.models import build_tiny_bert, build_tiny_causal_lm
+from tests.specs import kind_of, tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,14 +91,14 @@ def test_probe_that_does_not_fit_says_what_would(tmp_path, bert, monkeypatch):
 
 
 def test_parameter_check_catches_a_frozen_layer_made_trainable(bert):
-    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    model = _lora_classifier(bert, Adaptation(rank=4))
     model.base_model.model.bert.embeddings.word_embeddings.weight.requires_grad_(True)
     with pytest.raises(ParameterCheckError, match="requires_grad disagrees .*word_embeddings"):
         ParameterCheck(model, "lora")
 
 
 def test_parameter_check_catches_a_frozen_weight_changed_by_a_step(bert):
-    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    model = _lora_classifier(bert, Adaptation(rank=4))
     check = ParameterCheck(model, "lora")
     with torch.no_grad():  # a bug that writes into a frozen tensor (e.g. a shared buffer) during a step
         model.base_model.model.bert.encoder.layer[0].output.dense.weight[0, 0] += 1e-3
@@ -107,7 +107,7 @@ def test_parameter_check_catches_a_frozen_weight_changed_by_a_step(bert):
 
 
 def test_parameter_check_catches_a_declared_parameter_that_never_trains(bert):
-    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4))
+    model = _lora_classifier(bert, Adaptation(rank=4))
     check = ParameterCheck(model, "lora")
     check.after_update(model, 1)  # within the grace: LoRA A matrices may not move at step 1
     with pytest.raises(ParameterCheckError, match="never changed"):
@@ -116,22 +116,29 @@ def test_parameter_check_catches_a_declared_parameter_that_never_trains(bert):
 
 def test_lora_target_that_matches_nothing_is_an_error(bert):
     with pytest.raises(ModelError, match=r"\['attn_q'\] match no module"):
-        build_model(bert, False, ["a", "b"], Adaptation(target_modules=["query", "attn_q"]))
+        _lora_classifier(bert, Adaptation(target_modules=["query", "attn_q"]))
 
 
-def _one_sgd_step(tmp_path: Path, spec: dict, rows: list[dict], labels: list[str], causal: bool) -> dict:
+def _lora_classifier(model: Path, adaptation: Adaptation):
+    """The text classifier's model to train, as the train phase builds it."""
+    return kind_of(tiny_job("p", model)).build(model, ["a", "b"], adaptation)
+
+
+def _one_sgd_step(tmp_path: Path, spec: dict, rows: list[dict], labels: list[str]) -> dict:
     ctx = _ctx(tmp_path, spec)
-    folder = Path(spec["model"]["path"])
-    from transformers import AutoTokenizer
-
-    from entrypoint.preprocess import prepare_tokenizer
-
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), causal)
+    kind, folder = ctx.kind, ctx.model_dir
+    tokenizer = kind.processor(folder)
     torch.manual_seed(0)
-    model = build_model(folder, causal, labels, ctx.spec.adaptation)
-    features = [e.features for e in encode_rows(tokenizer, rows, ctx.spec, labels)]
+    model = kind.build(folder, labels, ctx.spec.adaptation)
+    features = [e.features for e in kind.encode(tokenizer, rows, labels)]
     trainer = build_trainer(
-        model, collator(tokenizer, causal), features, ctx.spec.training, tmp_path / "out", True, [], causal
+        model,
+        kind.collator(tokenizer),
+        features,
+        ctx.spec.training,
+        output_dir=tmp_path / "out",
+        device=torch.device("cpu"),
+        token_loss=kind.token_loss,
     )
     trainer.train()
     model.save_pretrained(tmp_path / "saved")
@@ -148,7 +155,7 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
         rows = [
             dict(text=r["text"], label=r["label"]) for r in map(json.loads, open(ROOT / "examples/data/tickets.jsonl"))
         ]
-        rows, labels, model, causal = rows[:64], sorted({r["label"] for r in rows}), bert, False
+        rows, labels, model = rows[:64], sorted({r["label"] for r in rows}), bert
     else:
         rows = [
             {
@@ -157,7 +164,7 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
             }
             for i in range(64)
         ]
-        rows, labels, model, causal = [{**r, "label": "all"} for r in rows], ["all"], llama, True
+        rows, labels, model = [{**r, "label": "all"} for r in rows], ["all"], llama
     spec = _classification_spec(model)
     if task != "classification":
         spec["hypothesis"].update({"task": "format", "format": {"expect_json": False, "regex": ".+"}})
@@ -165,9 +172,9 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
     # No clipping: clipping both updates to the same norm would hide a gradient scaled by the accumulation.
     common = {"max_steps": 1, "optimizer": "sgd", "learning_rate": 0.5, "seed": 11, "max_grad_norm": 0}
     spec["training"].update(common, microbatch=2, grad_accum=4)
-    accumulated = _one_sgd_step(tmp_path / "acc", spec, rows, labels, causal)
+    accumulated = _one_sgd_step(tmp_path / "acc", spec, rows, labels)
     spec["training"].update(common, microbatch=8, grad_accum=1)
-    whole = _one_sgd_step(tmp_path / "whole", spec, rows, labels, causal)
+    whole = _one_sgd_step(tmp_path / "whole", spec, rows, labels)
     assert accumulated.keys() == whole.keys()
     moved = 0
     for name in whole:
@@ -190,7 +197,7 @@ def _hub_cache(tmp_path: Path, source: Path, commit: str) -> Path:
 def test_hub_id_resolves_from_the_local_cache_pinned_to_a_commit(tmp_path, bert, monkeypatch):
     import huggingface_hub.constants
 
-    from entrypoint.model import resolve_model_dir
+    from entrypoint.training.model import resolve_model_dir
     from jobspec.schema import Model
 
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -206,7 +213,7 @@ def test_hub_id_resolves_from_the_local_cache_pinned_to_a_commit(tmp_path, bert,
 def test_models_that_need_their_own_code_are_refused(tmp_path, bert):
     import shutil
 
-    from entrypoint.model import resolve_model_dir
+    from entrypoint.training.model import resolve_model_dir
     from jobspec.schema import Model
 
     shutil.copytree(bert, tmp_path / "remote")
@@ -223,9 +230,9 @@ def test_models_that_need_their_own_code_are_refused(tmp_path, bert):
 
 
 def test_adaptation_summary_names_what_lora_wrapped(bert):
-    from entrypoint.model import adaptation_summary
+    from entrypoint.training.model import adaptation_summary
 
-    model = build_model(bert, False, ["a", "b"], Adaptation(rank=4, target_modules=["query", "value"]))
+    model = _lora_classifier(bert, Adaptation(rank=4, target_modules=["query", "value"]))
     summary = adaptation_summary(model)
     assert len(summary["lora_modules"]) == 4  # query and value in each of the 2 layers
     assert all(name.endswith((".query", ".value")) for name in summary["lora_modules"])

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
 
-from entrypoint.checkpoint import MANIFEST, checkpoint_prefix, find_latest, list_steps
 from entrypoint.store import PrefixedStore, get_tree
+from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, find_latest, list_steps
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
 from tests.s3server import create_bucket
+from tests.specs import s3_section, tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
@@ -36,27 +36,16 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str) -> Path:
-    spec = {
-        "job": {"id": "resume"},
-        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
-        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "training": {
-            "max_steps": MAX_STEPS,
-            "microbatch": 8,
-            "learning_rate": 0.005,
-            "seed": 7,
-            "deterministic": True,
-            "device": "cpu",
-            "log_every_steps": 1,
-            "checkpoint": {"every_steps": EVERY, "keep": 3, "grace_seconds": 60},
-        },
-        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint, "addressing_style": "path"},
+    training = {
+        "max_steps": MAX_STEPS,
+        "seed": 7,
+        "deterministic": True,
+        "log_every_steps": 1,
+        "checkpoint": {"every_steps": EVERY, "keep": 3, "grace_seconds": 60},
     }
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return write_spec(
+        tmp_path / "spec.yaml", tiny_job("resume", model, training=training, store=s3_section(endpoint, bucket))
+    )
 
 
 def _start(spec: Path, workdir: Path) -> subprocess.Popen:

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.models import build_tiny_bert
+from tests.specs import tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -25,22 +25,12 @@ TINI = shutil.which("tini", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}
 @pytest.mark.skipif(TINI is None, reason="tini is not installed (make setup puts Debian's tini into .venv/bin)")
 def test_sigterm_to_tini_reaches_rentune_which_commits_and_exits_143(tmp_path):
     model = build_tiny_bert(tmp_path / "bert")
-    spec = {
-        "job": {"id": "tini"},
-        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
-        "model": {"path": str(model), "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "target_modules": ["query", "value"]},
-        "training": {
-            "max_steps": 100000,  # never finishes on its own
-            "microbatch": 8,
-            "device": "cpu",
-            "log_every_steps": 5,
-            "checkpoint": {"every_steps": 1000, "grace_seconds": 60},
-        },
+    training = {
+        "max_steps": 100000,  # never finishes on its own
+        "log_every_steps": 5,
+        "checkpoint": {"every_steps": 1000, "grace_seconds": 60},
     }
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = write_spec(tmp_path / "spec.yaml", tiny_job("tini", model, training=training))
     store = tmp_path / "store"
     command = [TINI, "-g", "--", str(BIN / "rentune"), "run", str(path), "--store", f"file://{store}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

@@ -14,55 +14,49 @@ import pytest
 import yaml
 from PIL import Image
 
-from entrypoint.report import Results
+from entrypoint.report.results import Results
 from entrypoint.store import PrefixedStore
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
 from tests.s3server import create_bucket
+from tests.specs import s3_section, tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
 
 
 def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, name: str = "spec.yaml") -> Path:
-    spec = {
-        "job": {"id": job_id},
-        "hypothesis": {
-            "task": "classification",
-            "statement": "A tiny model learns ticket routing.",
-            "metric": "macro_f1",
+    experiments = [
+        {
+            "id": "lr-high",
+            "changes": ["training.learning_rate"],
+            "rationale": "a tiny model may want a larger step",
+            "training": {"learning_rate": 0.02},
         },
-        "guardrails": [{"metric": "f1/*", "tolerance": 1.0}, {"metric": "accuracy", "tolerance": 0.5}],
-        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl")},
-        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "training": {"max_steps": 12, "microbatch": 16, "learning_rate": 0.005, "seed": 3, "device": "cpu"},
-        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint, "addressing_style": "path"},
-        "experiments": [
-            {
-                "id": "lr-high",
-                "changes": ["training.learning_rate"],
-                "rationale": "a tiny model may want a larger step",
-                "training": {"learning_rate": 0.02},
-            },
-            {
-                "id": "wrong-module",
-                "reference": "lr-high",
-                "changes": ["adaptation.target_modules"],
-                "rationale": "planted: a module name the model does not have",
-                "adaptation": {"target_modules": ["no_such_projection"]},
-            },
-            {
-                "id": "longer",
-                "changes": ["training.max_steps"],
-                "rationale": "does a longer run help? (exceeds main's budget)",
-                "training": {"max_steps": 18},
-            },
-        ],
-    }
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+        {
+            "id": "wrong-module",
+            "reference": "lr-high",
+            "changes": ["adaptation.target_modules"],
+            "rationale": "planted: a module name the model does not have",
+            "adaptation": {"target_modules": ["no_such_projection"]},
+        },
+        {
+            "id": "longer",
+            "changes": ["training.max_steps"],
+            "rationale": "does a longer run help? (exceeds main's budget)",
+            "training": {"max_steps": 18},
+        },
+    ]
+    spec = tiny_job(
+        job_id,
+        model,
+        hypothesis={"metric": "macro_f1"},
+        guardrails=[{"metric": "f1/*", "tolerance": 1.0}, {"metric": "accuracy", "tolerance": 0.5}],
+        training={"microbatch": 16, "seed": 3},
+        store=s3_section(endpoint, bucket),
+        experiments=experiments,
+    )
+    return write_spec(tmp_path / name, spec)
 
 
 def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:

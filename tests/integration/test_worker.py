@@ -15,12 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from entrypoint.queue import submit
+from entrypoint.job.queue import submit
 from entrypoint.store import PrefixedStore
 from entrypoint.store.s3 import S3Store
 from jobspec import parse_spec
 from tests.models import build_tiny_bert
 from tests.s3server import create_bucket
+from tests.specs import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
@@ -28,22 +29,9 @@ JOBS = ("w-a", "w-b", "w-c")
 
 
 def _spec(job_id: str, model: Path, seed: int) -> dict:
-    return {
-        "job": {"id": job_id},
-        "hypothesis": {"task": "classification", "statement": "A tiny model learns ticket routing."},
-        "model": {"path": str(model), "revision": "tiny-test", "max_length": 32},
-        # a different split seed per job: each job has its own sealed test split
-        "data": {"source": str(ROOT / "examples/data/tickets.jsonl"), "split": {"seed": seed}},
-        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "training": {
-            "max_steps": 150,
-            "microbatch": 8,
-            "learning_rate": 0.005,
-            "device": "cpu",
-            "log_every_steps": 10,
-            "checkpoint": {"every_steps": 20, "keep": 2},
-        },
-    }
+    training = {"max_steps": 150, "log_every_steps": 10, "checkpoint": {"every_steps": 20, "keep": 2}}
+    # a different split seed per job: each job has its own sealed test split
+    return tiny_job(job_id, model, data={"split": {"seed": seed}}, training=training)
 
 
 def _worker(store_uri: str, endpoint: str, workdir: Path) -> subprocess.Popen:

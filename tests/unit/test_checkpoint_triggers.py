@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl
 
-from entrypoint import trainer as trainer_module
-from entrypoint.trainer import StoreCheckpointCallback, graceful_sigterm, planned_steps
+from entrypoint.training import trainer as trainer_module
+from entrypoint.training.trainer import StoreCheckpointCallback, graceful_sigterm
+from jobspec.plan import planned_steps
 from jobspec.schema import CheckpointPolicy, Training
 
 
@@ -72,11 +73,11 @@ def test_planned_steps():
 def test_missing_device_or_unsupported_precision_is_refused_before_any_phase():
     import torch
 
-    from entrypoint.runner import Unsupported, _check_device
+    from entrypoint.training.device import Unsupported, preflight
 
     with pytest.raises(Unsupported, match="fp16 needs a CUDA or ROCm device"):
-        _check_device("cpu", "fp16")
-    _check_device("cpu", "bf16")  # CPU autocast supports bf16
+        preflight(Training(device="cpu", precision="fp16"))
+    assert preflight(Training(device="cpu", precision="bf16")).type == "cpu"  # CPU autocast supports bf16
     if not torch.cuda.is_available():
         with pytest.raises(Unsupported, match="'cuda' requested but torch sees no CUDA or ROCm device"):
-            _check_device("cuda", "fp32")
+            preflight(Training(device="cuda", precision="fp32"))

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from entrypoint.cleaning import apply_rules, rule_ids
+from entrypoint.data.cleaning import apply_rules, rule_ids
 from jobspec.schema import MaxChars
 
 ROWS = [

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.formats import FORMATS_VERSION, check_format, extraction_report, format_report, higher_is_better
+from entrypoint.evaluation.formats import (
+    FORMATS_VERSION,
+    check_format,
+    extraction_report,
+    format_report,
+    higher_is_better,
+)
 
 PERSON = {
     "type": "object",

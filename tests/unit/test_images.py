@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-import entrypoint.images as images
-from entrypoint.dataio import DataError
-from entrypoint.images import (
+import entrypoint.data.images as images
+from entrypoint.data.images import (
     IMAGES_VERSION,
     denormalize,
     find_image_leaks,
@@ -24,7 +23,8 @@ from entrypoint.images import (
     perceptual_hash,
     transform_summary,
 )
-from entrypoint.leakcheck import LeakPair
+from entrypoint.data.leaks import LeakPair
+from entrypoint.data.reading import DataError
 
 
 def _scene(kind: str, size: int = 128) -> Image.Image:

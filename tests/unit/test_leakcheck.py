@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-import entrypoint.leakcheck as leakcheck
-from entrypoint.leakcheck import LEAKCHECK_VERSION, LeakPair, find_leaks, normalize_for_leaks
+import entrypoint.data.leaks as leakcheck
+from entrypoint.data.leaks import LEAKCHECK_VERSION, LeakPair, find_leaks, normalize_for_leaks
 
 # ~20-word sentences on one topic (support tickets): they share words and a few 3-grams, not whole phrases.
 TICKETS = [

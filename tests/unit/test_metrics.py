@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.metrics import classification_report
+from entrypoint.evaluation.metrics import classification_report
 
 
 def test_per_category_numbers_by_hand():

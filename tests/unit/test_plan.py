@@ -41,7 +41,7 @@ def test_every_window_keeps_export_and_margin_at_the_end(window, hours):
     assert plan.lease_seconds == hours * 3600 and not plan.problems
     assert slots["margin"].end == hours * 3600 and slots["export"].end == slots["margin"].start
     assert slots["export"].seconds == DEFAULT_BUDGETS["export"]
-    assert plan.train_deadline == slots["experiments"].end == slots["evaluate"].start
+    assert plan.train_deadline == slots["train"].end == slots["evaluate"].start
     reserve = sum(slots[name].seconds for name in AFTER_TRAINING) + slots["margin"].seconds
     assert plan.train_deadline == hours * 3600 - reserve
     for earlier, later in zip(plan.slots, plan.slots[1:], strict=False):
@@ -53,7 +53,7 @@ def test_longer_windows_give_more_room_for_variants_and_a_larger_margin():
     plans = {w: make_plan(spec, 288, window=w) for w in ("3d", "7d", "30d")}
     margins = [plans[w].margin_seconds for w in ("3d", "7d", "30d")]
     assert margins == sorted(margins) and margins[0] < margins[-1]
-    room = [_slots(plans[w])["experiments"].seconds for w in ("3d", "7d", "30d")]
+    room = [_slots(plans[w])["train"].seconds for w in ("3d", "7d", "30d")]
     assert room[0] < room[1] < room[2]
     # each trial: 108 steps x 1200 s x 1.1 = 39.6 h; 3d leaves about 67 h: main fits, the variant does not
     assert [t.fits for t in plans["3d"].trials] == [True, False]
@@ -76,7 +76,7 @@ def test_a_main_trial_that_cannot_fit_is_refused_with_what_to_cut(tmp_path):
     path.write_text(yaml.safe_dump(spec))
     fits = CliRunner().invoke(main, ["plan", str(path)])
     assert fits.exit_code == 0, fits.output  # the advice is exact: that many steps do fit
-    assert "experiments" in fits.output and "margin" in fits.output
+    assert "train" in fits.output and "margin" in fits.output
 
 
 def test_a_margin_longer_than_the_lease_is_refused():
@@ -90,7 +90,7 @@ def test_replanning_uses_time_used_measured_phases_and_the_probe_step():
     later = make_plan(spec, 288, elapsed=30 * 3600, measured={"data": 5.0, "probe": 7.0}, step_seconds=0.3)
     assert _slots(later)["data"].seconds == 5.0 and _slots(later)["data"].source == "measured"
     assert later.step_source == "measured" and later.trials[0].seconds == pytest.approx(108 * 0.3 * 1.1)
-    assert _slots(later)["experiments"].start == 30 * 3600  # training can only start now
+    assert _slots(later)["train"].start == 30 * 3600  # training can only start now
     assert later.train_deadline == fresh.train_deadline  # the reserve at the end does not move
     done = make_plan(spec, 288, steps_done={"main": 108})
     assert done.trials[0].seconds == 0.0

@@ -7,7 +7,7 @@ import io
 import pytest
 from PIL import Image
 
-from entrypoint.plots import category_bars_png, loss_curves_png
+from entrypoint.report.plots import category_bars_png, loss_curves_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NAN, INF = float("nan"), float("inf")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.metrics import classification_report
-from entrypoint.verdict import GuardrailError, check_guardrails, expand, hypothesis_verdict
+from entrypoint.evaluation.metrics import classification_report
+from entrypoint.evaluation.verdict import GuardrailError, check_guardrails, expand, hypothesis_verdict
 from jobspec.schema import Guardrail, Hypothesis
 
 LABELS = ["billing", "shipping", "returns"]

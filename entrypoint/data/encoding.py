@@ -1,0 +1,96 @@
+"""The exact preprocessing the trainer uses, in one place, so the data inspection shows what training sees.
+Each kind (entrypoint/kinds/) encodes its rows with one of these.
+
+Classification: `tokenizer(text, truncation=True, max_length)`; the loss is on the sequence's label.
+Causal LM: `[bos] + tokens(template.format(prompt)) + tokens(response) + [eos]`, each part tokenized
+without special tokens, cut to `max_length` from the right (the response's end goes first); labels are
+the input ids with every prompt position set to -100, so only response tokens (and eos) count in the loss.
+Images: the file decoded with Pillow (modes outside `data.image_modes` refused), converted to RGB, then
+the base model's own image processor (`AutoImageProcessor`): resize, crop, rescale, normalise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PREPROCESS_VERSION",
+    "Encoded",
+    "encode_causal",
+    "encode_classification",
+    "encode_image",
+    "prepare_tokenizer",
+    "processor_sha256",
+]
+
+PREPROCESS_VERSION = "preprocess-1"
+IGNORE_INDEX = -100  # label value the loss skips (torch.nn.CrossEntropyLoss ignore_index)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "added_tokens.json",
+    "preprocessor_config.json",  # image processors
+)
+
+
+def processor_sha256(folder: Path) -> str:
+    """sha256 over the tokenizer or image processor files present in `folder` (name and bytes, sorted by name)."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in _TOKENIZER_FILES if (Path(folder) / n).is_file()):
+        digest.update(f"{name}\n".encode())
+        digest.update((Path(folder) / name).read_bytes())
+    return digest.hexdigest()
+
+
+def prepare_tokenizer(tokenizer):
+    """A causal LM tokenizer without a pad token pads with eos (padding never counts in the loss)."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("model: the tokenizer has neither a pad nor an eos token; a causal LM needs one")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Encoded:
+    features: dict  # what the collator receives
+    full_length: int  # tokens before truncation
+    truncated: bool
+
+
+def encode_classification(tokenizer, text: str, label_id: int, max_length: int) -> Encoded:
+    full = len(tokenizer(text, truncation=False)["input_ids"])
+    encoded = dict(tokenizer(text, truncation=True, max_length=max_length))
+    encoded["labels"] = label_id
+    return Encoded(encoded, full, full > max_length)
+
+
+def encode_causal(tokenizer, prompt: str, response: str, template: str, max_length: int) -> Encoded:
+    prompt_ids = tokenizer(template.format(prompt=prompt), add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids = bos + prompt_ids + response_ids + eos
+    labels = [IGNORE_INDEX] * (len(bos) + len(prompt_ids)) + response_ids + eos
+    full = len(ids)
+    ids, labels = ids[:max_length], labels[:max_length]
+    features = {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
+    return Encoded(features, full, full > max_length)
+
+
+def encode_image(processor, path: str, label_id: int, modes: Sequence[str]) -> Encoded:
+    from entrypoint.data.images import load_image
+
+    image, _, _ = load_image(path, modes)
+    pixels = processor(images=image, return_tensors="pt")["pixel_values"][0]
+    return Encoded({"pixel_values": pixels, "labels": label_id}, 0, False)

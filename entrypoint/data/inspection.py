@@ -1,0 +1,170 @@
+"""The data inspection: a few examples per category exactly as the trainer will see them (token ids and
+pieces, special tokens, truncation, which positions count in the loss) and length statistics per split.
+
+Written to `phases/data/inspection.json` (complete) and `inspection.md` (for a person to read).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from entrypoint.data.encoding import IGNORE_INDEX, Encoded
+
+__all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "token_loss"]
+
+_MD_TOKENS = 96  # tokens shown per example in the markdown; the JSON holds all of them
+
+
+def pick_examples(rows: Sequence[dict], encoded: Sequence[Encoded], per_category: int) -> dict[str, list[int]]:
+    """Row indices per category, spread over the length range: the longest first (where truncation shows),
+    then the others at evenly spaced length quantiles down to the shortest. Deterministic."""
+    by_label: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_label.setdefault(row["label"], []).append(i)
+    picked = {}
+    for label in sorted(by_label):
+        ranked = sorted(by_label[label], key=lambda i: (-encoded[i].full_length, i))
+        n = min(per_category, len(ranked))
+        positions = [round(k * (len(ranked) - 1) / max(1, n - 1)) for k in range(n)]
+        picked[label] = [ranked[p] for p in dict.fromkeys(positions)]
+    return picked
+
+
+def token_loss(encoded: Encoded) -> bool:
+    """True when the loss is on tokens (labels per position), False when on the sequence (one label id)."""
+    return isinstance(encoded.features["labels"], list)
+
+
+def _tokens(tokenizer, encoded: Encoded) -> list[dict]:
+    ids = encoded.features["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    labels = encoded.features["labels"] if token_loss(encoded) else None
+    return [
+        {
+            "position": position,
+            "id": token_id,
+            "piece": tokenizer.convert_ids_to_tokens(token_id),
+            "special": token_id in special,
+            "in_loss": labels is not None and labels[position] != IGNORE_INDEX,
+        }
+        for position, token_id in enumerate(ids)
+    ]
+
+
+def length_stats(encoded: Sequence[Encoded], max_length: int) -> dict:
+    lengths = sorted(e.full_length for e in encoded)
+    if not lengths:
+        return {"n": 0}
+    return {
+        "n": len(lengths),
+        "min": lengths[0],
+        "median": statistics.median(lengths),
+        "p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+        "max": lengths[-1],
+        "max_length": max_length,
+        "truncated": sum(e.truncated for e in encoded),
+        "truncated_share": sum(e.truncated for e in encoded) / len(lengths),
+    }
+
+
+def build_inspection(
+    tokenizer,
+    rows: Sequence[dict],
+    encoded: Sequence[Encoded],
+    per_category: int,
+    max_length: int,
+    labels: Sequence[str],
+) -> list[dict]:
+    """One record per picked example: the row, its tokens with loss flags, truncation, and the loss target."""
+    records = []
+    for label, indices in pick_examples(rows, encoded, per_category).items():
+        for i in indices:
+            item = encoded[i]
+            tokens = _tokens(tokenizer, item)
+            record = {
+                "category": label,
+                "row": rows[i],
+                "tokens": tokens,
+                "length": len(tokens),
+                "full_length": item.full_length,
+                "truncated": item.truncated,
+                "max_length": max_length,
+                "special_tokens": [t["piece"] for t in tokens if t["special"]],
+            }
+            if token_loss(item):
+                in_loss = [t["position"] for t in tokens if t["in_loss"]]
+                record["loss"] = {
+                    "kind": "tokens",
+                    "positions": in_loss,
+                    "count": len(in_loss),
+                    "first": in_loss[0] if in_loss else None,
+                    "note": "prompt positions are masked (-100); response tokens and eos count",
+                }
+            else:
+                label_id = item.features["labels"]
+                record["loss"] = {"kind": "sequence", "label": labels[label_id], "label_id": label_id}
+            records.append(record)
+    return records
+
+
+def _render(record: dict) -> list[str]:
+    shown = record["tokens"][:_MD_TOKENS]
+    causal = record["loss"]["kind"] == "tokens"
+
+    def piece(t: dict) -> str:
+        text = f"⟨{t['piece']}⟩" if t["special"] else t["piece"]
+        return f"[{text}]" if causal and t["in_loss"] else text
+
+    cut = (
+        f", truncated from {record['full_length']} at max_length {record['max_length']}" if record["truncated"] else ""
+    )
+    lines = [
+        f"- row: `{_oneline(record['row'])}`",
+        f"  - {record['length']} tokens{cut}; special: {', '.join(record['special_tokens']) or 'none'}",
+        f"  - pieces: `{' '.join(piece(t) for t in shown)}{' …' if len(record['tokens']) > _MD_TOKENS else ''}`",
+        f"  - ids: `{' '.join(str(t['id']) for t in shown)}{' …' if len(record['tokens']) > _MD_TOKENS else ''}`",
+    ]
+    loss = record["loss"]
+    if causal:
+        lines.append(f"  - loss: {loss['count']} positions from {loss['first']} (in [brackets] above); {loss['note']}")
+    else:
+        lines.append(f"  - loss: sequence-level, cross-entropy on label {loss['label']!r} (id {loss['label_id']})")
+    return lines
+
+
+def _oneline(row: dict) -> str:
+    text = " | ".join(f"{k}={v}" for k, v in row.items())
+    text = text.replace("\n", "⏎").replace("`", "'")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def to_markdown(records: Sequence[dict], stats: dict[str, dict]) -> str:
+    out = ["# Data inspection", "", "Examples exactly as the trainer sees them (after cleaning and tokenization).", ""]
+    out += [
+        "## Lengths in tokens",
+        "",
+        "| split | n | min | median | p95 | max | truncated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in stats.items():
+        if s.get("n"):
+            out.append(
+                f"| {name} | {s['n']} | {s['min']} | {s['median']} | {s['p95']} | {s['max']} | "
+                f"{s['truncated']} ({s['truncated_share']:.1%}) |"
+            )
+    category = None
+    for record in records:
+        if record["category"] != category:
+            category = record["category"]
+            out += ["", f"## {category}", ""]
+        out += _render(record)
+    return "\n".join(out) + "\n"
+
+
+def smoke_markdown(smoke: dict) -> str:
+    """The smoke pass section of inspection.md."""
+    out = ["", "## Smoke pass", "", smoke.get("note", "")]
+    for name, s in smoke.get("splits", {}).items():
+        out.append(f"- {name}: batch of {s['batch']}, loss {s['loss']:.4f}")
+    return "\n".join(out) + "\n"

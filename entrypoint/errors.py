@@ -1,0 +1,51 @@
+"""The kinds of failure a user sees, and the exit code of each. Imports nothing heavy: `cli.py` maps every
+error to its exit code through `exit_code` without loading torch.
+
+    0    success
+    1    the job failed while running (anything not listed below; the attempt record holds the error)
+    2    InvalidInput: the spec, data, model, store URI or a setting cannot be used; fix it and run again
+    3    Conflict: the store refuses (this job id with another spec, a sealed test split opened elsewhere)
+    143  Interrupted: stopped by SIGTERM after committing what it could; run again to resume
+
+Errors raised deep in the library subclass one of these, so the mapping lives here once.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_CONFLICT",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "Conflict",
+    "Interrupted",
+    "InvalidInput",
+    "exit_code",
+]
+
+EXIT_FAILED, EXIT_INVALID, EXIT_CONFLICT = 1, 2, 3
+# 128 + 15: what docker and Kubernetes report for a process that ended on SIGTERM.
+EXIT_INTERRUPTED = 143
+
+
+class InvalidInput(ValueError):
+    """Input rentune cannot use: the message names the file or spec field and what was expected (exit 2)."""
+
+
+class Conflict(RuntimeError):
+    """The store already holds something this run would contradict; nothing was overwritten (exit 3)."""
+
+
+class Interrupted(RuntimeError):
+    """Stopped on SIGTERM; the newest committed state is where the next process resumes (exit 143)."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error that ended a command."""
+    if isinstance(exc, Interrupted):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, Conflict):
+        return EXIT_CONFLICT
+    if isinstance(exc, InvalidInput):
+        return EXIT_INVALID
+    return EXIT_FAILED

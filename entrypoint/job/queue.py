@@ -1,0 +1,198 @@
+"""Remote submission through the bucket: the node needs no open port.
+
+    laptop:  rentune submit SPEC --store s3://b/p      validate locally, put queue/<job_id>.yaml (if absent)
+    node:    rentune worker --store s3://b/p           loop:
+               for each queue/<job_id>.yaml, oldest name first:
+                   invalid spec          -> queue/rejected/<job_id>.yaml + .errors.txt, go on
+                   claim it              -> jobs/<job_id>/claims/<n>.json, put if absent: one winner
+                   run it (resuming from the store), heartbeat claims/<n>.heartbeat meanwhile
+                   completed -> delete the queue entry; failed -> queue/failed/<job_id>.yaml + .error.txt
+               a claim whose heartbeat is older than the lease timeout belongs to a dead worker: the next
+               worker takes it over by claiming n+1 (again put-if-absent), and the job resumes from its
+               newest checkpoint. A worker that sees a newer claim than its own stops its job (SIGTERM path).
+
+Claims are numbered so that a takeover is itself a conditional write: two workers racing for a stale job
+both try claims/<n+1>.json and exactly one succeeds. Heartbeats carry the writer's wall clock; keep the
+lease timeout well above clock skew between nodes (minutes, not seconds, in production).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from entrypoint.errors import Conflict, Interrupted
+from entrypoint.job.state import dumps, read_json
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
+from jobspec.load import LoadedSpec, SpecError, parse_spec
+
+__all__ = ["Claim", "JobExists", "Worker", "submit"]
+
+QUEUE = "queue"
+DEFAULT_LEASE_SECONDS = 300.0
+
+
+class JobExists(Conflict):
+    """The job id is already queued or has run in this store; nothing was overwritten."""
+
+
+def submit(root: Store, loaded: LoadedSpec) -> str:
+    """Queue a validated spec. Raises JobExists if the job id is already queued or has run in this store."""
+    job_id = loaded.spec.job.id
+    if root.head(join_key("jobs", job_id, "spec.yaml")) is not None:
+        raise JobExists(f"job {job_id!r} already exists in {root.uri}; choose a new job.id")
+    key = join_key(QUEUE, f"{job_id}.yaml")
+    try:
+        root.put_if_absent(key, loaded.text.encode())
+    except ObjectExists:
+        raise JobExists(f"job {job_id!r} is already queued in {root.uri}") from None
+    return key
+
+
+@dataclass
+class Claim:
+    job_id: str
+    number: int
+    worker: str
+
+    def key(self, suffix: str = "json") -> str:
+        return join_key("jobs", self.job_id, "claims", f"{self.number:06d}.{suffix}")
+
+
+def _claims(root: Store, job_id: str) -> list[int]:
+    numbers = []
+    for info in root.list(join_key("jobs", job_id, "claims")):
+        name = info.key.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isdigit():
+            numbers.append(int(name[:-5]))
+    return sorted(numbers)
+
+
+class Worker:
+    """Claims queued jobs one at a time and runs them with `run` (rentune's run_job, bound to the store)."""
+
+    def __init__(
+        self,
+        root: Store,
+        run: Callable[[LoadedSpec, Callable[[str], None]], None],
+        log: Callable[[str], None],
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        poll_seconds: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.root, self.run, self.log = root, run, log
+        self.lease_seconds, self.poll_seconds, self.clock = lease_seconds, poll_seconds, clock
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.lost: str | None = None  # the job another worker took over from this one
+
+    # -- queue -------------------------------------------------------------------------------------------
+    def queued(self) -> list[str]:
+        ids = []
+        for info in self.root.list(QUEUE):
+            rest = info.key[len(QUEUE) + 1 :]
+            if "/" not in rest and rest.endswith(".yaml"):
+                ids.append(rest[: -len(".yaml")])
+        return sorted(ids)
+
+    def _move(self, job_id: str, folder: str, text: bytes, why: str, suffix: str) -> None:
+        self.root.put_bytes(join_key(QUEUE, folder, f"{job_id}.yaml"), text)
+        self.root.put_bytes(join_key(QUEUE, folder, f"{job_id}.{suffix}.txt"), why.encode())
+        self.root.delete(join_key(QUEUE, f"{job_id}.yaml"))
+
+    def _heartbeat_at(self, claim: Claim) -> float:
+        for suffix in ("heartbeat", "json"):
+            try:
+                return read_json(self.root, claim.key(suffix))["at"]
+            except ObjectNotFound:
+                continue
+        return 0.0
+
+    def try_claim(self, job_id: str) -> Claim | None:
+        """Claim the job if nobody holds a live claim on it; None otherwise."""
+        numbers = _claims(self.root, job_id)
+        if numbers:
+            current = Claim(job_id, numbers[-1], "")
+            released = self.root.head(current.key("released")) is not None
+            age = self.clock() - self._heartbeat_at(current)
+            if not released and age <= self.lease_seconds:
+                return None
+            if not released:
+                self.log(f"worker: claim {numbers[-1]} on {job_id} is stale ({age:.0f} s without heartbeat)")
+        claim = Claim(job_id, (numbers[-1] + 1) if numbers else 1, self.name)
+        try:
+            self.root.put_if_absent(claim.key(), dumps({"worker": self.name, "at": self.clock()}))
+        except ObjectExists:
+            return None  # another worker won this claim
+        return claim
+
+    # -- one job -----------------------------------------------------------------------------------------
+    def _beat(self, claim: Claim, stop: threading.Event) -> None:
+        """Refresh the heartbeat; if another worker took the job over, stop ours through the SIGTERM path."""
+        while not stop.wait(self.lease_seconds / 4):
+            try:
+                if _claims(self.root, claim.job_id)[-1] != claim.number:
+                    self.log(f"worker: {claim.job_id} was taken over by another worker; stopping here")
+                    self.lost = claim.job_id
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                self.root.put_bytes(claim.key("heartbeat"), dumps({"worker": self.name, "at": self.clock()}))
+            except StoreError as exc:  # keep beating: a dead heartbeat thread would let a second node take over
+                self.log(f"worker: heartbeat for {claim.job_id} failed ({exc}); retrying")
+
+    def run_one(self, job_id: str) -> bool:
+        """Validate, claim and run one queued job. True if this worker ran (or rejected) it."""
+        key = join_key(QUEUE, f"{job_id}.yaml")
+        try:
+            text = self.root.get_bytes(key)
+        except ObjectNotFound:
+            return False  # taken off the queue meanwhile
+        try:
+            loaded = parse_spec(text.decode(), source=f"{self.root.uri}/{key}")
+            if loaded.spec.job.id != job_id:
+                got = loaded.spec.job.id
+                raise SpecError([f"{key}: job.id: expected {job_id!r} (the queue entry's name), got {got!r}"])
+        except (SpecError, UnicodeDecodeError) as exc:
+            errors = exc.errors if isinstance(exc, SpecError) else [f"{key}: not UTF-8 text"]
+            self._move(job_id, "rejected", text, "\n".join(errors) + "\n", "errors")
+            self.log(f"worker: rejected {job_id}: {errors[0]}")
+            return True
+        claim = self.try_claim(job_id)
+        if claim is None:
+            return False
+        self.log(f"worker: {self.name} runs {job_id} (claim {claim.number})")
+        stop = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(claim, stop), daemon=True)
+        beat.start()
+        try:
+            self.run(loaded, self.log)
+        except Interrupted:
+            if self.lost != job_id:
+                raise  # SIGTERM to this worker: the claim stays, another worker resumes after the lease timeout
+            self.log(f"worker: stopped {job_id}; its new owner continues it")
+            return True
+        except Exception as exc:  # the job failed; the attempt record in the store holds the details
+            self._move(job_id, "failed", text, f"{type(exc).__name__}: {exc}\n", "error")
+            self.log(f"worker: {job_id} failed: {type(exc).__name__}: {exc}")
+        else:
+            self.root.delete(key)
+            self.log(f"worker: {job_id} completed")
+        finally:
+            stop.set()
+            beat.join()
+        self.root.put_bytes(claim.key("released"), dumps({"worker": self.name, "at": self.clock()}))
+        return True
+
+    def loop(self, exit_when_idle: bool = False) -> None:
+        """Run queued jobs until stopped; with `exit_when_idle`, return once the queue is empty."""
+        while True:
+            ran = any(self.run_one(job_id) for job_id in self.queued())
+            if not ran:
+                if exit_when_idle and not self.queued():
+                    return
+                time.sleep(self.poll_seconds)

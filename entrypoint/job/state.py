@@ -1,0 +1,130 @@
+"""Where a job's state lives in the store, and how it is read and written.
+
+    <root>/jobs/<job_id>/spec.yaml                  frozen spec
+                        phases/<phase>/result.json  a phase's commit, written last
+                        trials/<trial_id>/...       checkpoints, result.json, eval/
+                        attempts/<n>/...            one folder per process start (attempts.py)
+
+Every stored JSON object goes through `dumps` (stable bytes) and `read_json` (unreadable content becomes
+an error naming the key). JSONL follows the JSON Lines definition: records end with `\\n`, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from entrypoint.errors import Conflict
+from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
+from jobspec.load import LoadedSpec, parse_spec
+
+__all__ = [
+    "PHASE_NAMES",
+    "JobConflict",
+    "dumps",
+    "freeze_spec",
+    "job_store",
+    "jsonl_lines",
+    "phase_result_key",
+    "read_json",
+    "read_jsonl",
+    "read_result",
+    "stored_spec",
+    "to_jsonl",
+    "trial_result_key",
+    "worker_result_key",
+]
+
+# The phases in the order the runner runs them (runner.PHASES binds each name to its module).
+PHASE_NAMES = ("data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export")
+
+
+class JobConflict(Conflict):
+    """The store already holds this job id with a different spec; nothing was overwritten."""
+
+
+def job_store(root: Store, job_id: str) -> Store:
+    """The job's own prefix, `jobs/<job_id>/`: a phase can read and write nothing outside it."""
+    return PrefixedStore(root, join_key("jobs", job_id))
+
+
+def phase_result_key(phase: str) -> str:
+    return f"phases/{phase}/result.json"
+
+
+def trial_result_key(trial_id: str) -> str:
+    return f"trials/{trial_id}/result.json"
+
+
+def worker_result_key(trial_id: str) -> str:
+    """Written by torchrun's rank 0 for the launching process."""
+    return f"trials/{trial_id}/train_result.json"
+
+
+def dumps(obj: Any) -> bytes:
+    """Stable JSON bytes for the store: sorted keys, indented, trailing newline."""
+    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def to_jsonl(rows: Iterable[dict]) -> bytes:
+    return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode()
+
+
+def jsonl_lines(data: bytes, name: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line. Lines end with `\\n` only (JSON Lines): U+2028 or U+0085
+    inside a string is text, not a line break. Raises UnicodeDecodeError for bytes that are not UTF-8."""
+    for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
+        line = line.removesuffix("\r")
+        if line.strip():
+            yield number, line
+
+
+def read_jsonl(data: bytes, name: str = "<jsonl>") -> list[dict]:
+    """Rows rentune itself wrote (`to_jsonl`); a line that is not JSON is an error naming `name` and the line."""
+    rows = []
+    for number, line in jsonl_lines(data, name):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name}:{number}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
+def read_json(store: Store, key: str) -> Any:
+    """A stored JSON object. Raises ObjectNotFound, or ValueError naming the key when its bytes are not JSON."""
+    data = store.get_bytes(key)
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{store.uri}/{key}: unreadable stored JSON ({exc}); expected what rentune wrote") from None
+
+
+def read_result(store: Store, phase: str) -> dict | None:
+    """A phase's committed result, or None when the phase has not committed."""
+    try:
+        return read_json(store, phase_result_key(phase))
+    except ObjectNotFound:
+        return None
+
+
+def freeze_spec(store: Store, loaded: LoadedSpec) -> None:
+    """Store the spec once. The same job id with another spec is refused, never overwritten."""
+    try:
+        store.put_if_absent("spec.yaml", loaded.text.encode())
+        return
+    except ObjectExists:
+        pass
+    stored = hashlib.sha256(store.get_bytes("spec.yaml")).hexdigest()
+    if stored != loaded.sha256:
+        raise JobConflict(
+            f"job.id {loaded.spec.job.id!r}: {store.uri} already holds this job with another spec "
+            f"(sha256 {stored[:12]}, yours {loaded.sha256[:12]}); choose a new job.id to start a new job, "
+            "or run the stored spec to continue it"
+        )
+
+
+def stored_spec(store: Store) -> LoadedSpec:
+    """The job's frozen spec, as every process after the first (workers, verify, status) reads it."""
+    return parse_spec(store.get_bytes("spec.yaml").decode(), source=f"{store.uri}/spec.yaml")

@@ -1,0 +1,91 @@
+"""`rentune status JOB --store URI`: where a job stands, read from the store alone (works from a laptop).
+
+job, lease (start, end, time left), the plan's problems
+phase table: committed or not, seconds taken vs the plan's budget and deadline
+trial table: status, steps (or the newest committed checkpoint while training), reason
+attempts: how each process start ended (completed, interrupted, error, or killed: no end record)
+"""
+
+from __future__ import annotations
+
+import time
+
+from entrypoint.errors import InvalidInput
+from entrypoint.job.attempts import attempt_numbers
+from entrypoint.job.state import PHASE_NAMES, job_store, read_json, read_result, stored_spec, trial_result_key
+from entrypoint.store import ObjectNotFound, Store
+from entrypoint.store.checkpoint import checkpoint_prefix, list_steps
+from jobspec.experiments import resolve_trials
+
+__all__ = ["JobNotFound", "render_status"]
+
+
+class JobNotFound(InvalidInput):
+    """The store holds no job (and no queue entry) by that id."""
+
+
+def _hm(seconds: float) -> str:
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    minutes = int(round(seconds / 60))
+    return f"{sign}{minutes // 60}h{minutes % 60:02d}"
+
+
+def _json(store: Store, key: str) -> dict | None:
+    try:
+        return read_json(store, key)
+    except ObjectNotFound:
+        return None
+
+
+def render_status(root: Store, job_id: str, now: float | None = None) -> str:
+    """The status as text. Raises JobNotFound when the store holds no such job."""
+    now = time.time() if now is None else now
+    store = job_store(root, job_id)
+    try:
+        spec = stored_spec(store).spec
+    except ObjectNotFound:
+        if root.head(f"queue/{job_id}.yaml") is not None:
+            return f"job {job_id}: queued in {root.uri}/queue/, waiting for a worker"
+        for folder in ("rejected", "failed"):
+            if root.head(f"queue/{folder}/{job_id}.yaml") is not None:
+                return f"job {job_id}: {folder}, see {root.uri}/queue/{folder}/{job_id}.*.txt"
+        raise JobNotFound(f"{store.uri}: no job {job_id!r} in this store") from None
+    plan = _json(store, "plan.json")
+    lines = [f"job {job_id} ({spec.hypothesis.task}) in {store.uri}"]
+    if plan:
+        lines.append(
+            f"lease {plan['window']}: ends in {_hm(plan['lease_end_at'] - now)}; training deadline in "
+            f"{_hm(plan['train_deadline_at'] - now)}; step time {plan['step_seconds']:.3g} s ({plan['step_source']})"
+        )
+        lines += [f"plan: {problem}" for problem in plan["problems"]]
+    budgets = {slot["name"]: slot for slot in plan["slots"]} if plan else {}
+    lines += ["", f"{'phase':<10} {'state':<10} {'took':>8} {'budget':>8} {'deadline':>9}"]
+    for name in PHASE_NAMES:
+        result = read_result(store, name)
+        slot = budgets.get(name)
+        took = _hm(result["seconds"]) if result else "-"
+        budget = _hm(slot["seconds"]) if slot else "-"
+        deadline = _hm(plan["lease_start_at"] + slot["end"] - now) if slot and plan else "-"
+        lines.append(f"{name:<10} {'committed' if result else 'pending':<10} {took:>8} {budget:>8} {deadline:>9}")
+    lines += ["", f"{'trial':<20} {'status':<10} {'steps':>7}  reason"]
+    for trial in resolve_trials(spec):
+        record = _json(store, trial_result_key(trial.id))
+        if record is None:
+            steps = list_steps(store, checkpoint_prefix(trial.id))
+            state, shown = ("training", f"{max(steps)}*") if steps else ("pending", "-")
+            lines.append(f"{trial.id:<20} {state:<10} {shown:>7}")
+        else:
+            reason = (record.get("reason") or "")[:100]
+            lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")
+    lines.append("(* = newest committed checkpoint)")
+    lines += ["", "attempts:"]
+    for n in attempt_numbers(store):
+        started = _json(store, f"attempts/{n}/started.json") or {}
+        ended = _json(store, f"attempts/{n}/ended.json")
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started.get("started_at", 0)))
+        if ended is None:
+            outcome = "running, or killed (no end record yet)"
+        else:
+            outcome = ended["outcome"] + (f" in {ended['phase']}: {ended['error']}" if ended.get("error") else "")
+        lines.append(f"  {n}: started {when}, {outcome[:160]}")
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""The results a program reads, built from what the phases committed, and the limitations they show
+(report.md is rendered from them in markdown.py; the plots in plots.py).
+
+report/results.json         machine-readable; `Results` below is its schema (report/results.schema.json)
+report/report.md            verdict, comparison table, per-category table, test, guardrails, limitations
+report/loss_curves.png      train and eval loss per trial
+report/per_category.png     the per-category metric, baseline vs every completed trial (eval split)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["RESULTS_VERSION", "Results", "bar_family", "config_sha256", "limitations"]
+
+RESULTS_VERSION = "rentune-results-1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Budget(_Strict):
+    reference_examples: int
+    planned_examples: int
+    done_examples: int
+    status: Literal["within", "exceeds", "short"]
+    unit: str
+
+
+class TrialResult(_Strict):
+    id: str
+    reference: str | None
+    changes: list[str]
+    rationale: str
+    status: Literal["completed", "stopped", "invalid"]
+    reason: str | None
+    steps: int | None
+    planned_steps: int | None
+    budget: Budget
+    metrics: dict[str, float] | None  # eval split; None unless completed
+    hypothesis: dict[str, Any] | None
+    guardrails: list[dict[str, Any]]
+    guardrails_passed: bool | None
+    eval_config_sha256: str | None
+    losses: list[dict[str, float]]
+    eval_losses: list[dict[str, float]]
+
+
+class SplitVerdict(_Strict):
+    hypothesis_holds: bool
+    gain: float
+    guardrails_passed: bool
+
+
+class TestResult(_Strict):
+    test_sha256: str
+    examples: int
+    override: dict[str, Any] | None
+    baseline: dict[str, float]
+    trial: dict[str, float]
+    guardrails: list[dict[str, Any]]
+
+
+class Results(_Strict):
+    """Schema of report/results.json."""
+
+    results_version: str
+    job: dict[str, Any]
+    hypothesis: dict[str, Any]
+    guardrails: list[dict[str, Any]]
+    data: dict[str, Any]
+    baseline: dict[str, Any]
+    trials: list[TrialResult]
+    eval_configs_identical: bool
+    selected: dict[str, str]
+    verdict: dict[Literal["eval", "test"], SplitVerdict]
+    test: TestResult
+    environment: dict[str, Any]
+    limitations: list[str]
+
+
+def config_sha256(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def bar_family(task: str, metrics: dict[str, float]) -> tuple[str, list[str]]:
+    """The per-category (or per-field, per-group) metric the bar plot shows, and its names."""
+    family = {"classification": "f1", "extraction": "field_accuracy", "format": "format_valid_rate"}[task]
+    names = sorted(n for n in metrics if n.startswith(f"{family}/"))
+    if not names:  # no groups: the headline rates side by side
+        names = sorted(n for n in metrics if "/" not in n and "@" not in n and 0.0 <= metrics[n] <= 1.0)
+    return family, names
+
+
+def _half_width(p: float, n: int) -> float:
+    """95% normal-approximation half-width of a rate measured on n examples."""
+    return 1.96 * math.sqrt(max(p * (1 - p), 1e-12) / n) if n else float("nan")
+
+
+def limitations(results: dict, train: dict, baseline_method: str) -> list[str]:
+    """What a reader should know before trusting the numbers, from what was observed in this run."""
+    notes = []
+    test, selected = results["test"], results["selected"]["trial_id"]
+    metric = results["hypothesis"]["metric"]
+    n = test["examples"]
+    p = test["trial"][metric]
+    notes.append(
+        f"The sealed test split has {n} examples: a rate of {p:.3f} there is uncertain by about "
+        f"+/-{_half_width(p, n):.3f} (95%, normal approximation); smaller differences are not evidence."
+    )
+    if baseline_method == "zero_shot_similarity":
+        notes.append(
+            "The baseline is the untouched encoder's zero-shot similarity to the category descriptions; a "
+            "better description list would give a stronger baseline."
+        )
+    for trial in results["trials"]:
+        if trial["status"] != "completed":
+            notes.append(f"Trial {trial['id']} is {trial['status']}: {trial['reason']}.")
+        elif trial["budget"]["status"] != "within":
+            b = trial["budget"]
+            notes.append(
+                f"Trial {trial['id']} {b['status']} the training budget: {b['done_examples']} examples processed "
+                f"vs {b['reference_examples']} for main; its comparison is not at equal budget."
+            )
+        if trial["guardrails_passed"] is False:
+            failed = [g["metric"] for g in trial["guardrails"] if not g["passed"]]
+            notes.append(f"Trial {trial['id']} fails guardrails on eval: {', '.join(failed)}.")
+    if not results["eval_configs_identical"]:
+        notes.append("The trials' stored eval configs differ: their metrics are not directly comparable.")
+    eval_gain, test_gain = results["verdict"]["eval"]["gain"], results["verdict"]["test"]["gain"]
+    if test_gain < eval_gain:
+        notes.append(
+            f"The selected trial's gain is smaller on test ({test_gain:+.3f}) than on eval ({eval_gain:+.3f}): "
+            "selecting on eval favours trials that got lucky there."
+        )
+    if test["override"]:
+        notes.append(f"The test split had been opened before; it was reopened on request: {test['override']['reason']}")
+    for trial_id, record in train.items():
+        if record.get("platform_change"):
+            notes.append(f"Trial {trial_id} resumed on a different platform: {record['platform_change']['now']}.")
+    if results["environment"].get("backend") == "cpu":
+        notes.append("Trained on CPU: peak memory figures are process RSS, not a GPU allocator peak.")
+    if selected and results["hypothesis"]["task"] != "classification":
+        notes.append("Generated outputs are scored with strict JSON parsing: text around the JSON counts as invalid.")
+    return notes

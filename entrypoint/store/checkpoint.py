@@ -1,0 +1,187 @@
+"""Checkpoints in the store: the commit protocol, discovery with fallback, and rotation.
+
+A checkpoint is the folder `trials/<trial>/checkpoints/step-<8 digits>/` and exists only if its
+`MANIFEST.json` exists and every file it lists downloads with the listed size and sha256.
+
+    commit:   upload every file -> HEAD each (size confirmed) -> PUT MANIFEST.json if absent
+    discover: list step-* -> newest first: manifest? every file size + sha256 ok? -> take it, else log why
+    rotate:   after a commit, delete all but the newest `keep` valid steps, and debris older than them
+
+The manifest goes last and never over another one, so a process killed mid-upload leaves only files
+without a manifest, which discovery ignores and rotation later removes. No "latest" pointer exists to
+be trusted or corrupted. This module imports no torch: it moves bytes and checks hashes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, StoreError, check_key, join_key
+from entrypoint.store.hashing import file_sha256
+
+__all__ = [
+    "MANIFEST",
+    "Checkpoint",
+    "CheckpointError",
+    "checkpoint_prefix",
+    "commit_checkpoint",
+    "find_latest",
+    "list_steps",
+    "rotate",
+]
+
+MANIFEST = "MANIFEST.json"
+REJECTED = "REJECTED.json"  # a step whose manifest did not verify; why, for the post-mortem
+MANIFEST_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be committed (an upload did not confirm, or another writer disagreed)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    folder: Path  # local, verified copy
+    manifest: dict
+
+
+def checkpoint_prefix(trial_id: str) -> str:
+    return join_key("trials", trial_id, "checkpoints")
+
+
+def _step_key(prefix: str, step: int) -> str:
+    return join_key(prefix, f"step-{step:08d}")
+
+
+def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: dict) -> dict:
+    """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
+
+    `meta` (trial id, spec sha256, data version, base model sha256, env summary...) goes into the
+    manifest. Returns the manifest. If a manifest for this step already exists (another writer won the
+    race), returns it when it lists the same files and hashes, else raises CheckpointError.
+    """
+    key = _step_key(prefix, step)
+    files = {}
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    if store.head(join_key(key, MANIFEST)) is not None:  # never overwrite the files of a committed step
+        return _same_or_refuse(store, key, step, files)
+    for name in files:
+        store.put_file(join_key(key, name), Path(folder) / name)
+    for name, info in files.items():
+        seen = store.head(join_key(key, name))
+        if seen is None or seen.size != info["size"]:
+            raise CheckpointError(f"{key}/{name}: upload not confirmed (expected {info['size']} bytes, saw {seen})")
+    manifest = {"version": MANIFEST_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
+    body = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    try:
+        store.put_if_absent(join_key(key, MANIFEST), body)
+    except ObjectExists:
+        return _same_or_refuse(store, key, step, files)
+    return manifest
+
+
+def _same_or_refuse(store: Store, key: str, step: int, files: dict) -> dict:
+    """Another writer committed this step first: fine if it holds the same files, else CheckpointError."""
+    theirs = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+    if theirs.get("files") != files:
+        raise CheckpointError(f"{key}: another writer committed different files for step {step}")
+    return theirs
+
+
+def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
+    """Every step folder under `prefix` (committed or not) -> the file names it holds."""
+    steps: dict[int, set[str]] = {}
+    for info in store.list(prefix):
+        head, _, name = info.key[len(prefix) + 1 :].partition("/")
+        match = _STEP_DIR.match(head)
+        if match and name:
+            steps.setdefault(int(match.group(1)), set()).add(name)
+    return steps
+
+
+def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
+    """Download every listed file of `key` into `folder`; None if all verify, else the reason. A name
+    that could escape `folder` or an entry without size and sha256 is a reason, never a download."""
+    shutil.rmtree(folder, ignore_errors=True)
+    for name, info in sorted(manifest.get("files", {}).items()):
+        try:
+            check_key(name)
+        except InvalidKey:
+            return f"the manifest lists an unsafe file name {name!r}"
+        if not (isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)):
+            return f"the manifest entry for {name} lacks an integer size and a sha256"
+        local = folder / name
+        try:
+            store.get_file(join_key(key, name), local)
+        except ObjectNotFound:
+            return f"{name} is missing"
+        if local.stat().st_size != info["size"]:
+            return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
+        if file_sha256(local) != info["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def find_latest(store: Store, prefix: str, into: Path, log: Callable[[str], None]) -> Checkpoint | None:
+    """The newest checkpoint whose manifest and every file verify, downloaded into `into/step-N`.
+
+    Newer candidates that fail are logged with the reason and skipped; None if no step verifies.
+    """
+    for step in sorted(list_steps(store, prefix), reverse=True):
+        key = _step_key(prefix, step)
+        try:
+            manifest = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+        except ObjectNotFound:
+            log(f"checkpoint step {step}: no manifest (upload never finished), skipped")
+            continue
+        except (ValueError, StoreError) as exc:
+            log(f"checkpoint step {step}: unreadable manifest ({exc}), skipped")
+            continue
+        if manifest.get("step") != step or not isinstance(manifest.get("files"), dict):
+            log(f"checkpoint step {step}: manifest does not describe this step, skipped")
+            continue
+        folder = Path(into) / f"step-{step:08d}"
+        problem = _verify_into(store, key, manifest, folder)
+        if problem:
+            log(f"checkpoint step {step}: {problem}; falling back to an older checkpoint")
+            shutil.rmtree(folder, ignore_errors=True)
+            _reject(store, key, problem)
+            continue
+        return Checkpoint(step=step, folder=folder, manifest=manifest)
+    return None
+
+
+def _reject(store: Store, key: str, reason: str) -> None:
+    """Withdraw a committed step that does not verify: keep the evidence in REJECTED.json, delete the
+    manifest, so the step no longer counts and training can commit it again when it gets there."""
+    store.put_bytes(join_key(key, REJECTED), json.dumps({"reason": reason, "at": time.time()}).encode())
+    store.delete(join_key(key, MANIFEST))
+
+
+def rotate(store: Store, prefix: str, keep: int, log: Callable[[str], None]) -> list[int]:
+    """Keep the newest `keep` committed steps; delete older committed steps and uncommitted debris older
+    than the newest committed one. Steps newer than it are left alone (another writer may be uploading).
+    Returns the deleted steps. The manifest is deleted first, so a half-deleted step is never valid."""
+    steps = list_steps(store, prefix)
+    committed = sorted((s for s, names in steps.items() if MANIFEST in names), reverse=True)
+    if not committed:
+        return []
+    kept = set(committed[:keep])
+    doomed = sorted(s for s in steps if s not in kept and s < committed[0])
+    for step in doomed:
+        key = _step_key(prefix, step)
+        names = sorted(steps[step], key=lambda n: n != MANIFEST)
+        for name in names:
+            store.delete(join_key(key, name))
+    if doomed:
+        log(f"checkpoints: rotated out steps {doomed}, keeping {sorted(kept)}")
+    return doomed

@@ -1,0 +1,92 @@
+"""Multi-process training through torchrun, never a home-made launcher.
+
+When the spec asks for more than one process and this process is not already a torchrun worker, the train
+phase runs `torchrun ... -m entrypoint.training.worker` and waits for it. Each worker rebuilds the job context
+from the store (the frozen spec lives there), the HF Trainer shards the data per rank (DistributedSampler),
+and only global rank 0 commits checkpoints and results. SIGTERM to this process is forwarded to torchrun,
+which forwards it to the workers, which finish their step and commit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from jobspec.schema import Distribution
+
+__all__ = ["deepspeed_config", "is_worker", "needs_launch", "rank", "run_torchrun", "torchrun_command"]
+
+
+def is_worker() -> bool:
+    """True inside a process started by torchrun."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def needs_launch(distribution: Distribution) -> bool:
+    return (distribution.nproc_per_node > 1 or distribution.nnodes > 1) and not is_worker()
+
+
+def torchrun_command(distribution: Distribution, worker_args: Sequence[str]) -> list[str]:
+    """`python -m torch.distributed.run` (torchrun) for this spec: standalone on one node, c10d rendezvous at
+    `rdzv_endpoint` (or MASTER_ADDR:MASTER_PORT) across nodes."""
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={distribution.nproc_per_node}"]
+    if distribution.nnodes == 1:
+        command.append("--standalone")
+    else:
+        endpoint = distribution.rdzv_endpoint or f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        command += [f"--nnodes={distribution.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}"]
+    return [*command, "-m", "entrypoint.training.worker", *worker_args]
+
+
+def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bool]:
+    """Run torchrun in the foreground; forward SIGTERM to it. Returns (exit code, SIGTERM was received).
+
+    torchrun kills its workers `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
+    raised above the checkpoint grace so that the workers' own watchdog decides when to give up."""
+    received: list[int] = []
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        log("train: SIGTERM received; forwarding to the torchrun workers")
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)  # before Popen: no window where torchrun is orphaned
+    try:
+        env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace_seconds) + 15)}
+        procs.append(subprocess.Popen(command, env=env))
+        if received:
+            procs[0].send_signal(signal.SIGTERM)
+        code = procs[0].wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code, bool(received)
+
+
+def deepspeed_config(distribution: Distribution, precision: str) -> dict:
+    """A ZeRO config for the HF Trainer; batch sizes and optimizer settings come from TrainingArguments."""
+    zero: dict = {"stage": distribution.zero_stage}
+    if distribution.offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if distribution.zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    if distribution.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }

@@ -1,0 +1,195 @@
+"""Base model location, its content hash, and the model objects each phase needs.
+
+Weights load only from safetensors (`use_safetensors=True`) and `trust_remote_code` is never set: a spec
+may come from a queue, and neither pickle files nor repository code run here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from entrypoint.errors import InvalidInput
+from entrypoint.store.hashing import file_sha256
+from jobspec.schema import Adaptation, Model
+
+__all__ = [
+    "SAFE_LOADING",
+    "BaseModelHash",
+    "ModelError",
+    "adapt",
+    "adaptation_summary",
+    "classifier_options",
+    "hash_base_model",
+    "load_adapter",
+    "load_encoder",
+    "resolve_model_dir",
+]
+
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
+
+
+# Every from_pretrained call: weights from safetensors only, never repository code.
+SAFE_LOADING = {"use_safetensors": True, "trust_remote_code": False}
+
+
+class ModelError(InvalidInput):
+    """The base model cannot be used as specified; the message names the spec field."""
+
+
+def resolve_model_dir(model: Model) -> Path:
+    """The local folder holding the base model, from `model.path` or `model.package`."""
+    if model.hub_id is not None:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:  # the local hub cache only: a node never downloads at run time
+            folder = Path(snapshot_download(model.hub_id, revision=model.revision, local_files_only=True))
+        except (LocalEntryNotFoundError, FileNotFoundError):
+            raise ModelError(
+                f"model.hub_id: {model.hub_id} at revision {model.revision} is not in the local hub cache "
+                "(HF_HUB_CACHE); put it there before the run (e.g. in the image or a mounted volume)"
+            ) from None
+    elif model.package is not None:
+        spec = importlib.util.find_spec(model.package)
+        if spec is None or spec.origin is None:
+            raise ModelError(
+                f"model.package: no installed package {model.package!r}; install it (for the quickstart: "
+                "pip install 'rentune[demo]')"
+            )
+        folder = Path(spec.origin).parent / "model"
+    else:
+        folder = Path(str(model.path).removeprefix("file://")).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"model: expected a folder with config.json at {folder}")
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("auto_map"):
+        raise ModelError(
+            f"model: {folder} needs its own Python code (config.json auto_map); rentune never runs repository "
+            "code (trust_remote_code); use an architecture transformers ships"
+        )
+    if not any(folder.glob("*.safetensors")):
+        found = [name for name in _PICKLE_WEIGHTS if (folder / name).exists()]
+        hint = f" (found {', '.join(found)}: convert to safetensors first)" if found else ""
+        raise ModelError(f"model: expected *.safetensors weights in {folder}{hint}")
+    return folder.resolve()
+
+
+@dataclass(frozen=True)
+class BaseModelHash:
+    sha256: str  # over the per-file hashes below, in sorted file order
+    files: dict[str, str]  # relative path -> sha256 of its bytes
+
+
+def hash_base_model(folder: Path) -> BaseModelHash:
+    """sha256 of every weight file (`*.safetensors`, recursively) and one overall hash over them.
+
+    The overall hash is sha256 of lines `"<relative path>\\t<file sha256>\\n"` in sorted path order, so
+    it depends on the exact weight bytes and file names only, never on directory listing order.
+    """
+    paths = sorted(folder.rglob("*.safetensors"))
+    signature = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    return _hash_files(folder, signature)
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_files(folder: Path, signature: tuple) -> BaseModelHash:
+    """Baseline, train and export each ask within one run: read the weights once per process, again only
+    if a file's size or modification time changed (the signature)."""
+    files = {Path(path).relative_to(folder).as_posix(): file_sha256(Path(path)) for path, _, _ in signature}
+    overall = hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items())).encode())
+    return BaseModelHash(sha256=overall.hexdigest(), files=files)
+
+
+def load_encoder(folder: Path) -> torch.nn.Module:
+    """The untouched base model without a task head, for the zero-shot baseline."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(folder, **SAFE_LOADING).eval()
+
+
+def classifier_options(labels: Sequence[str]) -> dict:
+    """from_pretrained options for a classifier over `labels`: safetensors only, no repository code."""
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+        **SAFE_LOADING,
+    }
+
+
+def adapt(
+    model: torch.nn.Module,
+    loading_info: dict,
+    folder: Path,
+    adaptation: Adaptation,
+    new_head: Sequence[str] = (),
+    task_type: str | None = None,
+    saved: Sequence[str] = (),
+) -> torch.nn.Module:
+    """The model to train from a freshly loaded one: LoRA-wrapped (peft `task_type`; `saved` modules train
+    in full and are saved with the adapter) or fully trainable. `new_head` names the modules created fresh
+    on top of the checkpoint; `loading_info` is from_pretrained's (`output_loading_info=True`).
+
+    Raises ModelError when weights other than a new head are missing from the checkpoint (they would be
+    random, and frozen under LoRA) or when a LoRA target module matches nothing in the real model.
+    """
+    trained_anyway = (*new_head, *adaptation.modules_to_save)
+    missing = sorted(k for k in loading_info["missing_keys"] if k.split(".")[0] not in trained_anyway)
+    if missing and adaptation.method == "lora":
+        raise ModelError(
+            f"model: the checkpoint in {folder} lacks weights {missing[:8]}; they would be random and frozen. "
+            "Add their modules to adaptation.modules_to_save, or use a complete checkpoint"
+        )
+    if adaptation.method == "full":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    unmatched = [target for target in adaptation.target_modules or () if target not in names]
+    if unmatched:
+        raise ModelError(
+            f"adaptation.target_modules: {unmatched} match no module of {type(model).__name__}; "
+            f"candidates include {sorted(n for n in names if n and not n.isdigit())[:20]}"
+        )
+    modules_to_save = list(dict.fromkeys([*adaptation.modules_to_save, *saved]))
+    config = LoraConfig(
+        task_type=task_type,
+        r=adaptation.rank,
+        lora_alpha=adaptation.alpha,
+        lora_dropout=adaptation.dropout,
+        target_modules=list(adaptation.target_modules) if adaptation.target_modules else None,
+        modules_to_save=modules_to_save or None,
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # peft has no default targets for this architecture
+        raise ModelError(f"adaptation.target_modules: {exc}; name the modules to wrap") from None
+
+
+def load_adapter(base: torch.nn.Module, weights_folder: Path) -> torch.nn.Module:
+    """The base model plus the saved peft adapter, loaded the way a user would (`PeftModel.from_pretrained`)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, weights_folder)
+
+
+def adaptation_summary(model: torch.nn.Module) -> dict:
+    """What the adaptation resolved to on the real model: wrapped modules, extra saved modules, counts."""
+    names = [name for name, _ in model.named_modules()]
+    lora = sorted({name.rsplit(".lora_A", 1)[0] for name in names if ".lora_A" in name})
+    saved = sorted({name.rsplit(".modules_to_save", 1)[0] for name in names if name.endswith(".modules_to_save")})
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "lora_modules": lora,
+        "modules_to_save": saved,
+        "trainable_parameters": trainable,
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+    }

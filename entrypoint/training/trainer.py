@@ -1,0 +1,304 @@
+"""The HF `Trainer`, configured from the spec, with rentune's callbacks. No hand-written training loop.
+
+What rentune adds to the Trainer's loop, as callback events:
+
+    on_step_end:  every_minutes elapsed, SIGTERM seen, deadline passed, or last step -> ask the Trainer to save
+                  SIGTERM seen or the plan's training deadline passed -> also ask it to stop after this step
+    on_save:      the Trainer wrote checkpoint-N/ locally -> commit it to the store (manifest last),
+                  rotate old checkpoints, remove the local copy
+    on_log:       one progress line per logging step, loss history kept
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+from entrypoint.errors import EXIT_INTERRUPTED
+from entrypoint.store import Store
+from entrypoint.store.checkpoint import commit_checkpoint, rotate
+from entrypoint.training.memory import PeakMemory
+from entrypoint.training.paramcheck import ParameterCheck
+from jobspec.plan import planned_steps
+from jobspec.schema import CheckpointPolicy, Training
+
+__all__ = [
+    "DivergenceCallback",
+    "FirstStepsCallback",
+    "NonFiniteLoss",
+    "ProgressCallback",
+    "StoreCheckpointCallback",
+    "build_trainer",
+    "graceful_sigterm",
+]
+
+# Files the Trainer writes that rentune does not keep: training_args.bin is a pickle, and the spec
+# already says everything it holds.
+_NOT_COMMITTED = ("training_args.bin",)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite: the trial diverged and is recorded as invalid."""
+
+
+class DivergenceCallback(TrainerCallback):
+    """Stops training at the first logged loss that is NaN or infinite (the Trainer's NaN filter is off, so
+    the logged loss is the real one; under DDP it is the mean over ranks, so every rank stops together)."""
+
+    def __init__(self):
+        self.bad_step: int | None = None
+        self.bad_loss: float | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss) and self.bad_step is None:
+            self.bad_step, self.bad_loss = state.global_step, loss
+            control.should_training_stop = True
+        return control
+
+    def raise_if_diverged(self) -> None:
+        if self.bad_step is not None:
+            raise NonFiniteLoss(f"training loss became {self.bad_loss} at step {self.bad_step}")
+
+
+class ProgressCallback(TrainerCallback):
+    """One line per logging step (`train: step 20/60  loss 0.812  12.4 s`)."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        self.started = time.monotonic()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            elapsed = time.monotonic() - self.started
+            self.log(f"train: step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  {elapsed:.1f} s")
+
+
+class graceful_sigterm:
+    """Context manager: while active, SIGTERM sets `requested` instead of killing the process, and starts a
+    watchdog that ends the process with EXIT_INTERRUPTED once `grace_seconds` have passed, whatever it is
+    doing. A checkpoint whose manifest is not written by then simply does not exist."""
+
+    def __init__(self, grace_seconds: float, log: Callable[[str], None]):
+        self.grace_seconds = grace_seconds
+        self.log = log
+        self.requested = threading.Event()
+        self.received_at: float | None = None
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested.is_set():
+            return
+        self.received_at = time.monotonic()
+        self.requested.set()
+        self.log(f"train: SIGTERM received; finishing this step and committing within {self.grace_seconds:.0f} s")
+        watchdog = threading.Timer(self.grace_seconds, self._expire)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def _expire(self) -> None:
+        self.log("train: grace period over before the checkpoint committed; exiting without it")
+        os._exit(EXIT_INTERRUPTED)
+
+    def __enter__(self) -> graceful_sigterm:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _collective_device() -> torch.device:
+    """Where a small tensor must live for the process group's backend (NCCL/RCCL: the GPU; gloo: CPU)."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class StoreCheckpointCallback(TrainerCallback):
+    """Commits each checkpoint the Trainer writes to the store with the manifest-last protocol."""
+
+    def __init__(
+        self,
+        store: Store,
+        prefix: str,
+        meta: dict,
+        policy: CheckpointPolicy,
+        sigterm: graceful_sigterm,
+        log: Callable[[str], None],
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store, self.prefix, self.meta, self.policy = store, prefix, meta, policy
+        self.sigterm, self.log = sigterm, log
+        self.deadline, self.clock = deadline, clock  # the plan's training deadline (wall clock)
+        self.last_commit = time.monotonic()
+        self.committed: list[int] = []
+        self.deadline_hit_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        minutes = self.policy.every_minutes
+        save = minutes is not None and time.monotonic() - self.last_commit >= minutes * 60
+        save = save or state.global_step >= state.max_steps
+        late = self.deadline is not None and self.clock() >= self.deadline
+        stop = self.sigterm.requested.is_set() or late
+        save = save or stop  # a stop always commits first
+        if _distributed():
+            # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce
+            # (clocks and signal arrival differ per rank). This is a CPU-GPU sync point, once per step.
+            flags = torch.tensor([float(save), float(stop)], device=_collective_device())
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            save, stop = bool(flags[0]), bool(flags[1])
+        if save:
+            control.should_save = True
+        if stop:
+            control.should_training_stop = True
+            if late and self.deadline_hit_at is None and state.global_step < state.max_steps:
+                self.deadline_hit_at = state.global_step
+                self.log(f"train: the plan's training deadline has passed; stopping at step {state.global_step}")
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last_commit = time.monotonic()  # on every rank, so the minutes interval stays in step
+        if _distributed():
+            torch.distributed.barrier()  # every rank has written its files (e.g. rng_state_<rank>.pth)
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        for name in _NOT_COMMITTED:
+            (folder / name).unlink(missing_ok=True)
+        started = time.monotonic()
+        commit_checkpoint(self.store, self.prefix, state.global_step, folder, self.meta)
+        size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+        took = time.monotonic() - started
+        self.log(f"checkpoint: committed step {state.global_step} ({size_mb:.1f} MB in {took:.1f} s)")
+        if self.sigterm.received_at is not None:
+            self.log(f"checkpoint: committed {time.monotonic() - self.sigterm.received_at:.1f} s after SIGTERM")
+        self.committed.append(state.global_step)
+        self.last_commit = time.monotonic()
+        shutil.rmtree(folder, ignore_errors=True)
+        rotate(self.store, self.prefix, self.policy.keep, self.log)
+
+
+class FirstStepsCallback(TrainerCallback):
+    """Over the first `steps` optimizer steps of this process: the parameter check after each update (a
+    violation stops training) and the peak memory, to compare with the probe's prediction."""
+
+    def __init__(self, method: str, device, steps: int = 10, check_parameters: bool = True):
+        self.method, self.device, self.steps = method, device, steps
+        # ZeRO-3 partitions parameters: a rank holds an empty placeholder, so there is nothing to compare.
+        self.check_parameters = check_parameters
+        self.check: ParameterCheck | None = None
+        self.peak: PeakMemory | None = None
+        self.seen = 0
+        self.peak_bytes: int | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.check_parameters:
+            self.check = ParameterCheck(model, self.method)
+        self.peak = PeakMemory(self.device).__enter__()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.seen += 1
+        if self.check is not None:
+            self.check.after_update(model, self.seen)
+        if self.seen == self.steps:
+            self._stop_measuring()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._stop_measuring()
+
+    def _stop_measuring(self) -> None:
+        if self.peak is not None and self.peak_bytes is None:
+            self.peak.__exit__(None, None, None)
+            self.peak_bytes = self.peak.peak
+
+
+def build_trainer(
+    model,
+    data_collator,
+    train_features: list[dict],
+    training: Training,
+    *,
+    output_dir: Path,
+    device: torch.device,
+    token_loss: bool,
+    callbacks: Sequence[TrainerCallback] = (),
+    deepspeed: dict | None = None,
+    eval_features: list[dict] | None = None,
+) -> Trainer:
+    """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody.
+    `token_loss`: the model's loss is normalised per token across the accumulated batch (causal LMs), so
+    the Trainer must not divide it again. With `eval_features`, the eval loss is measured about 4 times
+    during the run (for the loss curves)."""
+    # Under torchrun each optimizer step consumes world_size microbatches x grad_accum.
+    steps = planned_steps(training, len(train_features), world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    every = training.checkpoint.every_steps
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=training.microbatch,
+        gradient_accumulation_steps=training.grad_accum,
+        max_steps=steps,
+        learning_rate=training.learning_rate,
+        optim=training.optimizer,
+        max_grad_norm=training.max_grad_norm,
+        weight_decay=training.weight_decay,
+        warmup_steps=int(training.warmup_ratio * steps),
+        lr_scheduler_type="linear",
+        seed=training.seed,
+        data_seed=training.seed,
+        full_determinism=training.deterministic,
+        activation_checkpointing=training.activation_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if training.activation_checkpointing else None,
+        bf16=training.precision == "bf16",
+        fp16=training.precision == "fp16",
+        use_cpu=device.type == "cpu",
+        logging_strategy="steps",
+        logging_steps=training.log_every_steps or max(1, steps // 20),
+        # Saves happen every `every` steps, and whenever StoreCheckpointCallback asks (minutes, SIGTERM, end).
+        save_strategy="steps",
+        save_steps=every or steps + 1,
+        save_total_limit=None,
+        eval_strategy="steps" if eval_features else "no",
+        eval_steps=max(1, steps // 4),
+        per_device_eval_batch_size=training.eval_batch,
+        prediction_loss_only=True,
+        logging_nan_inf_filter=False,  # a NaN loss must show, not be averaged away (DivergenceCallback)
+        report_to="none",
+        disable_tqdm=True,
+        label_names=["labels"],
+        dataloader_num_workers=0,
+        deepspeed=deepspeed,
+        ddp_find_unused_parameters=False,  # LoRA leaves frozen parameters without gradients by design
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_features,
+        eval_dataset=eval_features,
+        data_collator=data_collator,
+        callbacks=list(callbacks),
+    )
+    trainer.remove_callback(PrinterCallback)  # ProgressCallback prints one readable line per log instead
+    # Gradient accumulation must average, not sum. The Trainer divides each microbatch loss by the number of
+    # accumulated steps unless it believes the model normalises by `num_items_in_batch` itself. Causal LM
+    # losses do (per token across the whole accumulated batch); a sequence classifier's loss ignores it but
+    # its forward takes **kwargs, which the Trainer mistakes for support, and the gradient came out summed
+    # (tests/integration/test_probe_and_params.py measures it).
+    trainer.model_accepts_loss_kwargs = token_loss
+    return trainer
