@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from entrypoint.errors import InvalidInput
 from entrypoint.evaluation.formats import higher_is_better
 from jobspec.schema import Guardrail, Hypothesis
 
 __all__ = ["GuardrailError", "check_guardrails", "expand", "higher_is_better", "hypothesis_verdict"]
 
 
-class GuardrailError(ValueError):
+class GuardrailError(InvalidInput):
     """A guardrail names a metric this job does not compute."""
 
 
