@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from entrypoint.job.state import dumps, job_store, read_json, read_jsonl, stored_spec
+from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
 from entrypoint.kinds import JobKind, kind_for
 from entrypoint.store import Store, open_store
 from entrypoint.training.device import resolve_device
@@ -54,13 +54,18 @@ class PhaseContext:
         key = f"phases/data/{name}.jsonl"
         return self.kind.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
 
+    @functools.cached_property
+    def data_result(self) -> dict:
+        """The data phase's committed result, read once: it never changes after its commit."""
+        return self.read_json(phase_result_key("data"))
+
     @property
     def labels(self) -> list[str]:
-        return self.read_json("phases/data/result.json")["labels"]
+        return self.data_result["labels"]
 
     @property
     def data_version(self) -> str:
-        return self.read_json("phases/data/result.json")["data_version"]
+        return self.data_result["data_version"]
 
     @property
     def device(self) -> torch.device:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from entrypoint.data.reading import DataError
+from entrypoint.data.reading import MAX_ERRORS, DataError
 from jobspec.schema import LeakPolicy
 
 __all__ = ["LEAK_PAIRS", "apply_leak_policy", "checked_pairs", "refuse_failing"]
@@ -65,16 +65,20 @@ def apply_leak_policy(
 
 
 def refuse_failing(summary: dict) -> None:
-    """Raise DataError listing the leaks under policy `fail` (up to 20; all are in leaks.json)."""
+    """Raise DataError listing the leaks under policy `fail` (up to MAX_ERRORS; all are in leaks.json)."""
     failing = [r for r in summary["pairs"] if r["action"] == "fail"]
     if not failing:
         return
     lines = [
         f"  {r['pair']} {r['kind']} (similarity {r['similarity']:.2f}): "
         f"{r[r['pair'].split('-')[0]][:70]!r} ~ {r[r['pair'].split('-')[1]][:70]!r}"
-        for r in failing[:20]
+        for r in failing[:MAX_ERRORS]
     ]
-    more = f"\n  ... and {len(failing) - 20} more (all in phases/data/leaks.json)" if len(failing) > 20 else ""
+    more = (
+        f"\n  ... and {len(failing) - MAX_ERRORS} more (all in phases/data/leaks.json)"
+        if len(failing) > MAX_ERRORS
+        else ""
+    )
     raise DataError(
         f"data.leaks: {len(failing)} duplicate(s) between splits under policy 'fail':\n"
         + "\n".join(lines)

@@ -95,7 +95,7 @@ def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:
     other line adds an error naming the file and line to `errors` when it is reached, so the caller's own
     errors interleave in line order. Raises DataError if the file is not UTF-8."""
     try:
-        lines = list(jsonl_lines(raw.data, raw.name))
+        lines = list(jsonl_lines(raw.data))
     except UnicodeDecodeError as exc:
         raise DataError(f"{raw.name}: not UTF-8 text ({exc})") from None
     for number, line in lines:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from entrypoint.data.encoding import PREPROCESS_VERSION
 from entrypoint.evaluation.formats import FORMATS_VERSION, extraction_report, format_report
 from entrypoint.evaluation.metrics import METRICS_VERSION, classification_report
+from entrypoint.job.state import trial_result_key
 from entrypoint.kinds import Baseline, JobKind
 from entrypoint.store import get_tree
 from jobspec.schema import JobSpec
@@ -81,7 +82,7 @@ def evaluate_trial(ctx, trial_id: str, split: str) -> tuple[list[dict], list[str
     Returns rows, outputs, report; the report's `observed` says what the evaluation really used (device,
     weights dtype, split bytes)."""
     kind = ctx.kind
-    record = ctx.read_json(f"trials/{trial_id}/result.json")
+    record = ctx.read_json(trial_result_key(trial_id))
     weights = ctx.workdir / "evaluate" / trial_id
     shutil.rmtree(weights, ignore_errors=True)
     get_tree(ctx.store, f"trials/{trial_id}/final", weights)

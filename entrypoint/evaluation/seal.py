@@ -35,10 +35,15 @@ def _refusal(test_sha256: str, first: dict) -> TestSealed:
     )
 
 
+def _root(ctx):
+    """The whole store: another job's opening of the same test data must be seen."""
+    return ctx.root if ctx.root is not None else ctx.store
+
+
 def check_seal(ctx, test_sha256: str) -> None:
     """Called by the data phase: refuse early, before any training, a job whose test split another job
     already opened (unless the user gave a reason to reopen it)."""
-    root = ctx.root if ctx.root is not None else ctx.store
+    root = _root(ctx)
     try:
         first = read_json(root, seal_key(test_sha256))
     except ObjectNotFound:
@@ -49,7 +54,7 @@ def check_seal(ctx, test_sha256: str) -> None:
 
 def open_seal(ctx, test_sha256: str, trial_id: str) -> dict | None:
     """Record this opening; returns the override record when an earlier opening was overridden."""
-    root = ctx.root if ctx.root is not None else ctx.store
+    root = _root(ctx)
     opening = {
         "job_id": ctx.spec.job.id,
         "spec_sha256": ctx.spec_sha256,

@@ -21,7 +21,7 @@ from safetensors.torch import load, load_file
 
 from entrypoint.context import PhaseContext, subprocess_context
 from entrypoint.evaluation.procedure import score
-from entrypoint.job.state import dumps
+from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.store import ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, find_latest
 
@@ -34,7 +34,7 @@ class VerifyError(RuntimeError):
 
 def verify(ctx: PhaseContext, trial_id: str, log) -> dict:
     spec = ctx.spec
-    record = ctx.read_json(f"trials/{trial_id}/result.json")
+    record = ctx.read_json(trial_result_key(trial_id))
     into = ctx.workdir / "checkpoint"
     shutil.rmtree(into, ignore_errors=True)
     found = find_latest(ctx.store, checkpoint_prefix(trial_id), into, log)

@@ -72,7 +72,7 @@ def to_jsonl(rows: Iterable[dict]) -> bytes:
     return "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows).encode()
 
 
-def jsonl_lines(data: bytes, name: str) -> Iterator[tuple[int, str]]:
+def jsonl_lines(data: bytes) -> Iterator[tuple[int, str]]:
     """(line number, text) of every non-blank line. Lines end with `\\n` only (JSON Lines): U+2028 or U+0085
     inside a string is text, not a line break. Raises UnicodeDecodeError for bytes that are not UTF-8."""
     for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
@@ -84,7 +84,7 @@ def jsonl_lines(data: bytes, name: str) -> Iterator[tuple[int, str]]:
 def read_jsonl(data: bytes, name: str = "<jsonl>") -> list[dict]:
     """Rows rentune itself wrote (`to_jsonl`); a line that is not JSON is an error naming `name` and the line."""
     rows = []
-    for number, line in jsonl_lines(data, name):
+    for number, line in jsonl_lines(data):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:

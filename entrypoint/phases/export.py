@@ -12,6 +12,7 @@ Layout under the job prefix:
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.job.state import trial_result_key
 from entrypoint.training.environment import environment
 from entrypoint.training.model import hash_base_model
 
@@ -46,7 +47,7 @@ def run(ctx: PhaseContext) -> dict:
             "files": base_hash.files,
             "hash_method": "sha256 over '<file>\\t<sha256>\\n' lines of *.safetensors, sorted by path",
         },
-        "adaptation": ctx.read_json(f"trials/{trial_id}/result.json")["settings"]["adaptation"]["method"],
+        "adaptation": ctx.read_json(trial_result_key(trial_id))["settings"]["adaptation"]["method"],
         "adapter_files": sorted(files),
         "trial_id": trial_id,
         "job_id": spec.job.id,

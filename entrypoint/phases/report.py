@@ -4,6 +4,7 @@ phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run ag
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.job.state import trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
 from entrypoint.report.results import RESULTS_VERSION, Results, bar_family, config_sha256, limitations
@@ -14,7 +15,7 @@ __all__ = ["run"]
 
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
-    data = ctx.read_json("phases/data/result.json")
+    data = ctx.data_result
     baseline = ctx.read_json("phases/baseline/result.json")
     train = ctx.read_json("phases/train/result.json")
     evaluated = ctx.read_json("phases/evaluate/result.json")
@@ -24,7 +25,7 @@ def run(ctx: PhaseContext) -> dict:
     trials, configs = [], []
     records = {}
     for trial_id in train["order"]:
-        record = records[trial_id] = ctx.read_json(f"trials/{trial_id}/result.json")
+        record = records[trial_id] = ctx.read_json(trial_result_key(trial_id))
         scored = evaluated["trials"][trial_id]
         config_key = f"trials/{trial_id}/eval/eval_config.json"
         config = ctx.read_json(config_key) if "metrics" in scored else None
