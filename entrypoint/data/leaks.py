@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
-import unicodedata
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,9 @@ from typing import Literal
 import numpy as np
 from datasketch import MinHash, MinHashLSH
 
-__all__ = ["LEAKCHECK_VERSION", "LeakPair", "find_leaks", "normalize_for_leaks"]
+from entrypoint.data.normalize import normalize_text
+
+__all__ = ["LEAKCHECK_VERSION", "LeakPair", "find_leaks"]
 
 LEAKCHECK_VERSION = "leak-1"
 
@@ -34,9 +34,6 @@ LEAKCHECK_VERSION = "leak-1"
 # missed leak. datasketch's own (b, r) optimiser weighs both equally and gives ~0.4 at the threshold.
 _RECALL_AT_THRESHOLD = 0.99
 _MIN_NUM_PERM = 16
-# A run of punctuation/symbol characters (or `_`, which `\w` includes); the callback keeps runs inside words.
-# Cheaper than lookarounds in the pattern, which the engine would try at every position.
-_PUNCT_RUN = re.compile(r"(?:[^\w\s]|_)+")
 
 
 @dataclass(frozen=True)
@@ -54,43 +51,6 @@ class LeakPair:
     b_split: str
     b_index: int
     similarity: float
-
-
-def _is_punct(ch: str) -> bool:
-    return unicodedata.category(ch)[0] == "P"
-
-
-def _strip_edge_punct(match: re.Match[str]) -> str:
-    """Drop the punctuation (Unicode category P*) of a run at a word edge; symbols such as `$`, `+`, emoji
-    stay, and so does a run inside a word."""
-    run, text = match.group(), match.string
-    start, end = match.start(), match.end()
-    if start == 0 or text[start - 1].isspace():
-        i = 0
-        while i < len(run) and _is_punct(run[i]):
-            i += 1
-        run = run[i:]
-    if end == len(text) or text[end].isspace():
-        j = len(run)
-        while j > 0 and _is_punct(run[j - 1]):
-            j -= 1
-        run = run[:j]
-    return run
-
-
-def normalize_for_leaks(text: str) -> str:
-    """Casefold, Unicode NFKC, collapse whitespace, strip punctuation at word edges.
-
-    Used for the exact check and as input to shingling; words of the result are separated by one space.
-    Punctuation inside a word stays (`don't`, `e.g`, `3.5`); a word made only of punctuation disappears.
-    Idempotent. Raises TypeError if `text` is not a str.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"expected str, got {type(text).__name__}")
-    # NFKC first so that compatibility forms (fullwidth, ligatures, black-letter capitals) get casefolded;
-    # NFKC again because casefolding can leave a string that is not in NFKC.
-    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
-    return " ".join(_PUNCT_RUN.sub(_strip_edge_punct, folded).split())
 
 
 def _shingles(normalized: str, k: int) -> set[str]:
@@ -237,7 +197,7 @@ def find_leaks(
 ) -> list[LeakPair]:
     """Leaks between the given split pairs, e.g. [("train","eval"),("train","test"),("eval","test")].
 
-    Exact duplicates after `normalize_for_leaks`, and near duplicates by MinHash LSH (datasketch) over word
+    Exact duplicates after `normalize_text`, and near duplicates by MinHash LSH (datasketch) over word
     `shingle`-grams (texts shorter than `shingle` words use the word set) with exact Jaccard confirmation
     >= threshold. A pair that is an exact duplicate is reported once, as exact. Texts that normalise to ""
     (blank, punctuation only) are never reported. Deterministic for the same input, whatever the order of
@@ -251,7 +211,7 @@ def find_leaks(
     """
     wanted = _validate(splits, pairs, threshold, num_perm, shingle)
     names = sorted({name for pair in wanted for name in pair}, key=lambda name: (len(splits[name]), name))
-    norm = {name: [normalize_for_leaks(text) for text in splits[name]] for name in names}
+    norm = {name: [normalize_text(text) for text in splits[name]] for name in names}
 
     leaks = [LeakPair("exact", a, i, b, j, 1.0) for a, b in wanted for i, j in _exact(norm[a], norm[b])]
 

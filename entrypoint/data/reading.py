@@ -4,6 +4,7 @@ canonical fields the task needs. Every error names the file and the line."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,16 @@ def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:
     try:
         lines = list(jsonl_lines(raw.data))
     except UnicodeDecodeError as exc:
-        raise DataError(f"{raw.name}: not UTF-8 text ({exc})") from None
+        line = raw.data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(
+            f"{raw.name}:{line}: not UTF-8 (byte 0x{raw.data[exc.start]:02x} at column {column}); "
+            "expected UTF-8 text (re-encode the file, e.g. with iconv -t UTF-8)"
+        ) from None
+    if not lines:
+        raise DataError(
+            f"{raw.name}: no examples (the file is empty or holds only blank lines); expected one JSON object per line"
+        )
     for number, line in lines:
         try:
             obj = json.loads(line)
@@ -107,7 +117,26 @@ def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:
         if not isinstance(obj, dict):
             errors.append(f"{raw.name}:{number}: expected a JSON object, got {type(obj).__name__}")
             continue
+        if _LONE_SURROGATE.search(line) and not _is_unicode(obj):
+            errors.append(
+                f"{raw.name}:{number}: a string holds a lone surrogate escape (such as \\ud800), which is not "
+                "text; expected valid Unicode (a pair such as \\ud83d\\ude00 is fine)"
+            )
+            continue
         yield number, obj
+
+
+# An escape of a UTF-16 surrogate: JSON allows it, but alone (without its pair) it decodes to no character.
+_LONE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _is_unicode(obj: object) -> bool:
+    """True if every string in `obj` (keys included) encodes to UTF-8, i.e. holds no lone surrogate."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def refuse(errors: list[str], most: int = MAX_ERRORS) -> None:

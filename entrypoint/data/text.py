@@ -13,6 +13,7 @@ from entrypoint.data.cleaning import apply_rules, rule_ids
 from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
 from entrypoint.data.inspection import build_inspection, length_stats, to_markdown
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
+from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
 from entrypoint.data.reading import DataError, read_source, rows_from_jsonl
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
 from entrypoint.kinds import DataParts, Leaks
@@ -22,16 +23,20 @@ __all__ = ["dedupe", "read_text_parts", "text_inspection", "text_leaks", "text_r
 
 
 def dedupe(rows: list[dict], key_fields: Sequence[str], where: str, labelled: bool) -> tuple[list[dict], int]:
-    """Drop exact duplicate rows. For `labelled` data the same input under two labels is an error (the
-    data contradicts itself); otherwise the label is only a group and the first row stands."""
+    """Drop rows whose `key_fields` are the same text after `normalize_text` (case, Unicode form,
+    whitespace, punctuation at word edges: what the leak check calls the same), keeping the first. For
+    `labelled` data the same text under two labels is an error (the data contradicts itself); otherwise
+    the label is only a group and the first row stands."""
     seen: dict[tuple, dict] = {}
     for row in rows:
-        key = tuple(row[f] for f in key_fields)
+        key = tuple(normalize_text(row[f]) for f in key_fields)
         first = seen.setdefault(key, row)
         if labelled and first["label"] != row["label"]:
+            also = "" if row[key_fields[0]] == first[key_fields[0]] else f" (also as {row[key_fields[0]][:60]!r})"
             raise DataError(
-                f"{where}: the text {key[0][:60]!r} appears with labels {first['label']!r} and {row['label']!r}; "
-                "fix the label"
+                f"{where}: the text {first[key_fields[0]][:60]!r}{also} appears with labels {first['label']!r} "
+                f"and {row['label']!r}; texts that differ only in case, whitespace or punctuation at word "
+                "edges are the same text; fix the label"
             )
     return list(seen.values()), len(rows) - len(seen)
 
@@ -83,6 +88,7 @@ def text_recipe(spec: JobSpec, folder: Path, task: str) -> dict:
         "split": SPLIT_VERSION if spec.data.source else "given",
         "rules": rule_ids(spec.data.clean),
         "preprocess": PREPROCESS_VERSION,
+        "same_text": NORMALIZE_VERSION,
         "tokenizer_sha256": processor_sha256(folder),
         "task": task,
     }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from entrypoint.errors import Conflict, Interrupted
 from entrypoint.job.state import dumps, read_json
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
 __all__ = ["Claim", "JobExists", "Worker", "submit"]
@@ -189,7 +189,9 @@ class Worker:
         return True
 
     def loop(self, exit_when_idle: bool = False) -> None:
-        """Run queued jobs until stopped; with `exit_when_idle`, return once the queue is empty."""
+        """Run queued jobs until stopped; with `exit_when_idle`, return once the queue is empty. Refuses
+        (StoreUnusable) a store whose conditional writes, on which every claim relies, do not hold."""
+        check_conditional_writes(self.root, "workers")
         while True:
             ran = any(self.run_one(job_id) for job_id in self.queued())
             if not ran:

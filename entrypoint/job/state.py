@@ -18,7 +18,8 @@ from typing import Any
 
 from entrypoint.errors import Conflict
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
-from jobspec.load import LoadedSpec, parse_spec
+from entrypoint.store.objects import CorruptObject, read_json
+from jobspec.load import LoadedSpec, SpecError, parse_spec
 
 __all__ = [
     "PHASE_NAMES",
@@ -92,15 +93,6 @@ def read_jsonl(data: bytes, name: str = "<jsonl>") -> list[dict]:
     return rows
 
 
-def read_json(store: Store, key: str) -> Any:
-    """A stored JSON object. Raises ObjectNotFound, or ValueError naming the key when its bytes are not JSON."""
-    data = store.get_bytes(key)
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{store.uri}/{key}: unreadable stored JSON ({exc}); expected what rentune wrote") from None
-
-
 def read_result(store: Store, phase: str) -> dict | None:
     """A phase's committed result, or None when the phase has not committed."""
     try:
@@ -118,6 +110,7 @@ def freeze_spec(store: Store, loaded: LoadedSpec) -> None:
         pass
     stored = hashlib.sha256(store.get_bytes("spec.yaml")).hexdigest()
     if stored != loaded.sha256:
+        stored_spec(store)  # an unreadable stored spec is named as such (CorruptObject), not as "another spec"
         raise JobConflict(
             f"job.id {loaded.spec.job.id!r}: {store.uri} already holds this job with another spec "
             f"(sha256 {stored[:12]}, yours {loaded.sha256[:12]}); choose a new job.id to start a new job, "
@@ -126,5 +119,14 @@ def freeze_spec(store: Store, loaded: LoadedSpec) -> None:
 
 
 def stored_spec(store: Store) -> LoadedSpec:
-    """The job's frozen spec, as every process after the first (workers, verify, status) reads it."""
-    return parse_spec(store.get_bytes("spec.yaml").decode(), source=f"{store.uri}/spec.yaml")
+    """The job's frozen spec, as every process after the first (workers, verify, status) reads it.
+    Raises ObjectNotFound, or CorruptObject naming the object when it is no longer a valid spec."""
+    where = f"{store.uri}/spec.yaml"
+    try:
+        return parse_spec(store.get_bytes("spec.yaml").decode("utf-8"), source=where)
+    except UnicodeDecodeError as exc:
+        problem = f"{where}: not UTF-8 (byte {exc.start})"
+        raise CorruptObject(f"{problem}; expected the spec frozen at the job's start") from None
+    except SpecError as exc:
+        problems = "; ".join(exc.errors[:3])
+        raise CorruptObject(f"{problems}; expected the spec frozen at the job's start (was it overwritten?)") from None

@@ -14,7 +14,7 @@ from entrypoint.errors import InvalidInput
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.state import PHASE_NAMES, job_store, read_json, read_result, stored_spec, trial_result_key
 from entrypoint.store import ObjectNotFound, Store
-from entrypoint.store.checkpoint import checkpoint_prefix, list_steps
+from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
 from jobspec.experiments import resolve_trials
 
 __all__ = ["JobNotFound", "render_status"]
@@ -72,7 +72,8 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         record = _json(store, trial_result_key(trial.id))
         if record is None:
             steps = list_steps(store, checkpoint_prefix(trial.id))
-            state, shown = ("training", f"{max(steps)}*") if steps else ("pending", "-")
+            committed = [step for step, names in steps.items() if MANIFEST in names]  # no manifest, no commit
+            state, shown = ("training", f"{max(committed)}*") if committed else ("pending", "-")
             lines.append(f"{trial.id:<20} {state:<10} {shown:>7}")
         else:
             reason = (record.get("reason") or "")[:100]

@@ -49,6 +49,10 @@ from entrypoint.training.trainer import (
     StoreCheckpointCallback,
     build_trainer,
     graceful_sigterm,
+    log_every,
+    loss_history,
+    mean_train_loss,
+    reproducible_files,
 )
 from jobspec.experiments import MAIN, Trial, resolve_trials, trial_spec
 from jobspec.plan import planned_steps
@@ -219,12 +223,13 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     setup = _prepare(ctx, trial)
     resume, platform_change = _resume_point(ctx, trial, setup)
     with graceful_sigterm(setup.spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        trainer, saver, first_steps, outcome = _fit(ctx, trial, setup, resume, sigterm)
+        trainer, saver, first_steps = _fit(ctx, trial, setup, resume, sigterm)
     final = setup.out / "final"
     trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
     if not trainer.is_world_process_zero():
         return {}
     setup.processor.save_pretrained(final)
+    reproducible_files(final)
     keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
 
     # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
@@ -249,8 +254,9 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         "planned_steps": state.max_steps,
         "resumed_from_step": resume.step if resume else None,
         "platform_change": platform_change,
-        "train_loss": outcome.training_loss,
-        "losses": [{"step": e["step"], "loss": e["loss"]} for e in state.log_history if "loss" in e],
+        # From every step of the run, all attempts included (the checkpoints carry the Trainer's log).
+        "train_loss": mean_train_loss(state.log_history),
+        "losses": loss_history(state.log_history, log_every(setup.spec.training.log_every_steps, state.max_steps)),
         "eval_losses": [{"step": e["step"], "loss": e["eval_loss"]} for e in state.log_history if "eval_loss" in e],
         "checkpoints_committed": saver.committed,
         "adaptation": setup.adaptation,
@@ -312,7 +318,7 @@ def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Check
 
 def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | None, sigterm: graceful_sigterm):
     """Run the HF Trainer from `resume` to the planned end, the plan's deadline or SIGTERM (raised as
-    Interrupted once the checkpoint committed). Returns the trainer, its callbacks and its outcome."""
+    Interrupted once the checkpoint committed). Returns the trainer and its callbacks."""
     spec = setup.spec
     deadline, _ = _deadline(ctx)
     saver = StoreCheckpointCallback(
@@ -336,20 +342,20 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         output_dir=setup.out / "trainer",
         device=ctx.device,
         token_loss=ctx.kind.token_loss,
-        callbacks=[ProgressCallback(ctx.log), saver, first_steps, divergence],
+        callbacks=[ProgressCallback(ctx.log, spec.training.log_every_steps), saver, first_steps, divergence],
         deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
         if spec.distribution.strategy == "deepspeed"
         else None,
         eval_features=setup.eval_features,
     )
-    outcome = trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+    trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
     divergence.raise_if_diverged()
     if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
         raise Interrupted(
             f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
             f"committed checkpoints: {saver.committed or 'none in this process'}"
         )
-    return trainer, saver, first_steps, outcome
+    return trainer, saver, first_steps
 
 
 def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:

@@ -22,6 +22,7 @@ __all__ = [
     "PrefixedStore",
     "Store",
     "StoreError",
+    "StoreUnusable",
     "TMP_PREFIX",
     "TransientStoreError",
     "check_key",
@@ -50,6 +51,11 @@ class TransientStoreError(StoreError):
 
 class InvalidKey(StoreError, InvalidInput):
     """A key that could escape the store root or is malformed."""
+
+
+class StoreUnusable(StoreError, InvalidInput):
+    """The store as configured cannot hold a job: a bad URI or setting, a path rentune cannot write, or a
+    server that does not honour conditional writes (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class PrefixedStore:
         self.inner = inner
         self.prefix = join_key(prefix)
         self.uri = f"{inner.uri.rstrip('/')}/{self.prefix}"
+        self.endpoint = getattr(inner, "endpoint", inner.uri)
 
     def _k(self, key: str) -> str:
         return join_key(self.prefix, check_key(key))

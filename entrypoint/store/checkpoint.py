@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, StoreError, check_key, join_key
+from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, check_key, join_key
 from entrypoint.store.hashing import file_sha256
+from entrypoint.store.objects import CorruptObject, read_json
 
 __all__ = [
     "MANIFEST",
@@ -91,7 +92,7 @@ def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: 
 
 def _same_or_refuse(store: Store, key: str, step: int, files: dict) -> dict:
     """Another writer committed this step first: fine if it holds the same files, else CheckpointError."""
-    theirs = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+    theirs = read_json(store, join_key(key, MANIFEST))
     if theirs.get("files") != files:
         raise CheckpointError(f"{key}: another writer committed different files for step {step}")
     return theirs
@@ -139,18 +140,18 @@ def find_latest(store: Store, prefix: str, into: Path, log: Callable[[str], None
     for step in sorted(list_steps(store, prefix), reverse=True):
         key = _step_key(prefix, step)
         try:
-            manifest = json.loads(store.get_bytes(join_key(key, MANIFEST)))
+            manifest = read_json(store, join_key(key, MANIFEST))
         except ObjectNotFound:
             log(f"checkpoint step {step}: no manifest (upload never finished), skipped")
             continue
-        except (ValueError, StoreError) as exc:
-            log(f"checkpoint step {step}: unreadable manifest ({exc}), skipped")
-            continue
-        if manifest.get("step") != step or not isinstance(manifest.get("files"), dict):
-            log(f"checkpoint step {step}: manifest does not describe this step, skipped")
-            continue
+        except CorruptObject as exc:
+            problem = f"unreadable manifest ({exc})"
+        else:
+            problem = None
+            if manifest.get("step") != step or not isinstance(manifest.get("files"), dict):
+                problem = "the manifest does not describe this step"
         folder = Path(into) / f"step-{step:08d}"
-        problem = _verify_into(store, key, manifest, folder)
+        problem = problem or _verify_into(store, key, manifest, folder)
         if problem:
             log(f"checkpoint step {step}: {problem}; falling back to an older checkpoint")
             shutil.rmtree(folder, ignore_errors=True)

@@ -1,7 +1,13 @@
-"""`file://` store: a local directory. Writes go to a temp file in the same folder, then `os.replace`."""
+"""`file://` store: a local directory. Writes go to a temp file in the same folder, then `os.replace`.
+
+Opening a store writes nothing: the directory is created by the first write, so `rentune status` on a
+path that does not exist leaves none behind. A write the file system refuses (read-only, no permission,
+a file where a folder should be) is `StoreUnusable` naming the store and the key.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -15,8 +21,12 @@ from entrypoint.store.base import (
     ObjectInfo,
     ObjectNotFound,
     StoreError,
+    StoreUnusable,
     check_key,
 )
+
+# Failures that no retry or later run fixes: the directory is not writable as configured.
+_UNUSABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
 
 __all__ = ["FileStore"]
 
@@ -25,9 +35,16 @@ class FileStore:
     """Objects are files under `root`; a key's '/' segments are directories."""
 
     def __init__(self, root: str | Path):
+        if not str(root).strip():
+            raise StoreUnusable("store URI file:// names no directory: expected file://DIR, e.g. file://./runs")
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.uri = f"file://{self.root}"
+        self.uri = self.endpoint = f"file://{self.root}"
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreUnusable(f"{self.uri}: is a file; expected a directory (or a path that does not exist yet)")
+
+    def _refused(self, key: str, exc: OSError) -> StoreError:
+        kind = StoreUnusable if exc.errno in _UNUSABLE else StoreError
+        return kind(f"{self.uri}: cannot write {key}: {exc.strerror or exc} ({exc.filename or self.root})")
 
     def _path(self, key: str) -> Path:
         path = (self.root / check_key(key)).resolve()
@@ -64,17 +81,25 @@ class FileStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._refuse_file_as_folder(key, path)
-        tmp = self._write_atomically(path, lambda out: out.write(data))
-        os.replace(tmp, path)
+        try:
+            tmp = self._write_atomically(path, lambda out: out.write(data))
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise self._refused(key, exc) from exc
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._refuse_file_as_folder(key, path)
-        tmp = self._write_atomically(path, lambda out: out.write(data))
+        try:
+            tmp = self._write_atomically(path, lambda out: out.write(data))
+        except OSError as exc:
+            raise self._refused(key, exc) from exc
         try:
             os.link(tmp, path)  # atomic create-if-absent on POSIX: fails with EEXIST
         except FileExistsError:
             raise ObjectExists(key) from None
+        except OSError as exc:
+            raise self._refused(key, exc) from exc
         finally:
             os.unlink(tmp)
 
@@ -87,9 +112,12 @@ class FileStore:
     def put_file(self, key: str, path: Path) -> None:
         dest = self._path(key)
         self._refuse_file_as_folder(key, dest)
-        with open(path, "rb") as src:
-            tmp = self._write_atomically(dest, lambda out: shutil.copyfileobj(src, out, 1 << 20))
-        os.replace(tmp, dest)
+        with open(path, "rb") as src:  # a missing local file is the caller's FileNotFoundError
+            try:
+                tmp = self._write_atomically(dest, lambda out: shutil.copyfileobj(src, out, 1 << 20))
+                os.replace(tmp, dest)
+            except OSError as exc:
+                raise self._refused(key, exc) from exc
 
     def get_file(self, key: str, path: Path) -> None:
         src = self._path(key)
@@ -117,7 +145,10 @@ class FileStore:
         path = self._path(key)
         if path.is_dir():
             return  # a "folder" is not an object; S3 ignores such a delete too
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._refused(key, exc) from exc
         for parent in path.parents:  # like S3, a "folder" exists only while it holds objects
             if parent == self.root or not parent.is_relative_to(self.root):
                 break

@@ -41,6 +41,7 @@ from entrypoint.store.base import (
     ObjectInfo,
     ObjectNotFound,
     StoreError,
+    StoreUnusable,
     TransientStoreError,
     check_key,
     join_key,
@@ -120,7 +121,8 @@ def _make_client(endpoint_url: str | None, region: str | None, addressing_style:
     region = region or os.environ.get("AWS_REGION") or session.region_name or "us-east-1"
     style = addressing_style or os.environ.get(ADDRESSING_STYLE_ENV) or "auto"
     if style not in ADDRESSING_STYLES:
-        raise StoreError(f"S3 addressing style {style!r}: expected one of {', '.join(ADDRESSING_STYLES)}")
+        source = "store.addressing_style" if addressing_style else f"${ADDRESSING_STYLE_ENV}"
+        raise StoreUnusable(f"{source}={style!r}: expected one of {', '.join(ADDRESSING_STYLES)}")
     # botocore >= 1.36 sends CRC checksums on every upload by default and many S3-compatible servers reject
     # them; "when_required" restores the old behaviour. botocore reads the AWS_* variables itself, and an
     # explicit Config value would override them, so set one only where the variable is absent.
@@ -174,6 +176,7 @@ class S3Store:
             read_timeout=60,
             max_pool_connections=max(10, max_concurrency + 2),  # transfer threads + concurrent small calls
         )
+        self.endpoint = f"{self.client.meta.endpoint_url} (bucket {bucket})"
         self.transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
@@ -195,7 +198,7 @@ class S3Store:
     ) -> S3Store:
         """`s3://bucket` or `s3://bucket/some/prefix`; `options` are the transfer and retry settings.
 
-        Raises InvalidKey for a malformed URI or prefix, StoreError for a bad addressing style.
+        Raises InvalidKey for a malformed URI or prefix, StoreUnusable for a bad addressing style.
         """
         if not uri.startswith("s3://"):
             raise InvalidKey(f"store URI {uri!r}: expected s3://bucket[/prefix]")

@@ -11,6 +11,7 @@ What rentune adds to the Trainer's loop, as callback events:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -39,11 +40,32 @@ __all__ = [
     "StoreCheckpointCallback",
     "build_trainer",
     "graceful_sigterm",
+    "log_every",
+    "loss_history",
+    "mean_train_loss",
+    "reproducible_files",
+    "step_losses",
 ]
 
-# Files the Trainer writes that rentune does not keep: training_args.bin is a pickle, and the spec
-# already says everything it holds.
+# Files the Trainer writes that rentune does not keep: training_args.bin is a pickle holding the work
+# directory (so its bytes differ per run), and the spec already says everything it holds.
 _NOT_COMMITTED = ("training_args.bin",)
+
+
+def reproducible_files(folder: Path) -> None:
+    """Make what `save_model` wrote in `folder` depend on the weights and settings alone, so the same
+    trained weights give byte-identical files: drop `_NOT_COMMITTED`, and rewrite adapter_config.json with
+    its lists sorted (peft keeps target_modules as a set, whose order changes with each process's hash
+    seed)."""
+    for name in _NOT_COMMITTED:
+        (folder / name).unlink(missing_ok=True)
+    config_path = folder / "adapter_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+        for key in ("target_modules", "modules_to_save", "exclude_modules"):
+            if isinstance(config.get(key), list):
+                config[key] = sorted(config[key])
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -70,17 +92,54 @@ class DivergenceCallback(TrainerCallback):
             raise NonFiniteLoss(f"training loss became {self.bad_loss} at step {self.bad_step}")
 
 
-class ProgressCallback(TrainerCallback):
-    """One line per logging step (`train: step 20/60  loss 0.812  12.4 s`)."""
+def step_losses(log_history: list[dict]) -> dict[int, float]:
+    """Step -> training loss of that optimizer step. The Trainer logs every step (`logging_steps=1`) and
+    keeps its log in each checkpoint's trainer_state.json, so after a resume this covers the whole run,
+    every attempt included."""
+    return {entry["step"]: entry["loss"] for entry in log_history if "loss" in entry}
 
-    def __init__(self, log: Callable[[str], None]):
+
+def log_every(every_steps: int | None, max_steps: int) -> int:
+    """The spec's `training.log_every_steps`, or about 20 lines a run."""
+    return every_steps or max(1, max_steps // 20)
+
+
+def loss_history(log_history: list[dict], every: int) -> list[dict]:
+    """The mean training loss of each window of `every` steps (steps 1..every, every+1..2*every, ..., the
+    last window possibly shorter), labelled with its last step. The windows are fixed by step numbers, not
+    by where a process started, so a resumed run logs what an uninterrupted one does."""
+    windows: dict[int, list[float]] = {}
+    losses = step_losses(log_history)
+    last = max(losses, default=0)
+    for step, loss in sorted(losses.items()):
+        windows.setdefault(min(-(-step // every) * every, last), []).append(loss)
+    return [{"step": end, "loss": sum(values) / len(values)} for end, values in sorted(windows.items())]
+
+
+def mean_train_loss(log_history: list[dict]) -> float | None:
+    """The mean training loss over every step of the run (the Trainer's own `training_loss` counts only
+    the steps of the current process but divides by all of them, so it is wrong after a resume)."""
+    losses = list(step_losses(log_history).values())
+    return sum(losses) / len(losses) if losses else None
+
+
+class ProgressCallback(TrainerCallback):
+    """One line per `every` steps (`train: step 20/60  loss 0.812  12.4 s`): the mean loss of the window
+    (`every=None`: about 20 lines a run)."""
+
+    def __init__(self, log: Callable[[str], None], every: int | None = None):
         self.log = log
+        self.every = every
         self.started = time.monotonic()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
+        if not (logs and "loss" in logs):
+            return
+        every = log_every(self.every, state.max_steps)
+        if state.global_step % every == 0 or state.global_step == state.max_steps:
+            loss = loss_history(state.log_history, every)[-1]["loss"]
             elapsed = time.monotonic() - self.started
-            self.log(f"train: step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  {elapsed:.1f} s")
+            self.log(f"train: step {state.global_step}/{state.max_steps}  loss {loss:.4f}  {elapsed:.1f} s")
 
 
 class graceful_sigterm:
@@ -180,8 +239,7 @@ class StoreCheckpointCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        for name in _NOT_COMMITTED:
-            (folder / name).unlink(missing_ok=True)
+        reproducible_files(folder)
         started = time.monotonic()
         commit_checkpoint(self.store, self.prefix, state.global_step, folder, self.meta)
         size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
@@ -269,7 +327,7 @@ def build_trainer(
         fp16=training.precision == "fp16",
         use_cpu=device.type == "cpu",
         logging_strategy="steps",
-        logging_steps=training.log_every_steps or max(1, steps // 20),
+        logging_steps=1,  # every step's loss is kept (step_losses); ProgressCallback prints windows of them
         # Saves happen every `every` steps, and whenever StoreCheckpointCallback asks (minutes, SIGTERM, end).
         save_strategy="steps",
         save_steps=every or steps + 1,

@@ -110,6 +110,29 @@ def test_truncated_file_and_missing_manifest_and_garbage_manifest(store, tmp_pat
     assert "unreadable manifest" in lines[0] and "no manifest" in lines[1] and "has 5 bytes" in lines[2]
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not-a-mapping", "wrong-step"])
+def test_unreadable_manifest_is_withdrawn_so_the_step_can_be_committed_again(store, tmp_path, damage):
+    """A truncated manifest is withdrawn like one that fails verification: training that reaches the step
+    again commits it (before, the commit read the broken manifest and failed on every rerun)."""
+    _commit(store, tmp_path, 10)
+    manifest = _commit(store, tmp_path, 20)
+    body = json.dumps(manifest).encode()
+    broken = {
+        "truncated": body[: len(body) // 2],
+        "not-a-mapping": b"[1]",
+        "wrong-step": body.replace(b'"step": 20', b'"step": 7'),
+    }
+    store.put_bytes(f"{PREFIX}/step-00000020/{MANIFEST}", broken[damage])
+    lines, log = _logger()
+    assert find_latest(store, PREFIX, tmp_path / "dl", log).step == 10
+    assert lines[0].startswith("checkpoint step 20: ") and "falling back" in lines[0]
+    assert store.head(f"{PREFIX}/step-00000020/{MANIFEST}") is None
+    assert "REJECTED.json" in list_steps(store, PREFIX)[20]
+    again = _commit(store, tmp_path, 20)
+    assert again["files"] == manifest["files"]
+    assert find_latest(store, PREFIX, tmp_path / "dl2", log).step == 20
+
+
 def test_rotation_keeps_the_last_k_valid_and_clears_older_debris(store, tmp_path):
     for step in (10, 20, 30, 40):
         _commit(store, tmp_path, step)

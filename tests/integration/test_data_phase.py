@@ -212,6 +212,25 @@ BAD_DATA = [
         {"labels": ["x", "y"]},
         "bad.jsonl:2: label 'z' is not one of data.labels (x, y)",
     ),
+    (
+        # JSON Lines ends records at \n only: U+2028 and U+0085 inside strings are text, so the bad line is 3
+        "line-separators-inside-strings",
+        ['{"text": "a\u2028b", "label": "x"}', '{"text": "c\u0085d", "label": "x"}', "{not json"],
+        {},
+        "bad.jsonl:3: not valid JSON",
+    ),
+    (
+        "lone-surrogate",
+        ['{"text": "fine \\ud83d\\ude00", "label": "x"}', '{"text": "broken \\ud800", "label": "x"}'],
+        {},
+        "bad.jsonl:2: a string holds a lone surrogate escape",
+    ),
+    (
+        "same-text-two-labels-in-another-case",
+        ['{"text": "Refund my order", "label": "x"}', '{"text": "  refund MY order ", "label": "y"}'],
+        {},
+        "the text 'Refund my order' (also as 'refund MY order') appears with labels 'x' and 'y'",
+    ),
 ]
 
 
@@ -228,11 +247,24 @@ def test_empty_split_and_category_absent_from_eval(tmp_path, bert):
     test = _write(tmp_path / "test.jsonl", TICKETS[300:360])
     empty = tmp_path / "eval.jsonl"
     empty.write_text("")
-    with pytest.raises(DataError, match="the eval split is empty"):
+    with pytest.raises(DataError, match=f"{empty}: no examples \\(the file is empty"):
         _run(tmp_path, _spec(bert, {"files": {"train": train, "eval": str(empty), "test": test}}), "a")
     no_returns = _write(tmp_path / "eval2.jsonl", [r for r in TICKETS[360:] if r["label"] != "returns"])
     with pytest.raises(DataError, match=r"categories \['returns'\] are absent from the eval split"):
         _run(tmp_path, _spec(bert, {"files": {"train": train, "eval": no_returns, "test": test}}), "b")
+
+
+def test_the_same_text_in_another_case_is_one_example(tmp_path, bert):
+    rows = [*TICKETS[:300], {**TICKETS[0], "text": "  " + TICKETS[0]["text"].upper() + " "}]
+    result, _, _ = _run(tmp_path, _spec(bert, {"source": _write(tmp_path / "dup.jsonl", rows)}))
+    assert result["exact_duplicates_dropped"] == 1
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path, bert):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"text": "ok", "label": "x"}\n{"text": "caf\xe9", "label": "x"}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
+        _run(tmp_path, _spec(bert, {"source": str(bad)}))
 
 
 def test_missing_file_suggests_neighbours(tmp_path, bert):

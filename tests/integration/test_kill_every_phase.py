@@ -1,10 +1,11 @@
 """SIGKILL the runner once inside every phase in turn (a real `rentune` process, killed the moment it
 announces the phase, or a few steps into training); each time a fresh process continues the job, and the
-final results equal those of an uninterrupted run of the same spec: metrics, selection and the exported
-weights, byte for byte."""
+final results equal those of an uninterrupted run of the same spec: metrics, selection, train_loss and
+the loss history, and the exported weights, byte for byte."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -29,9 +30,10 @@ def _spec(tmp: Path, model: Path) -> Path:
             "max_steps": 40,
             "seed": 5,
             "deterministic": True,
-            "log_every_steps": 1,
+            "log_every_steps": 4,  # the loss window of steps 9-12 spans the resume from step 10
             "checkpoint": {"every_steps": 10, "keep": 2},
         },
+        adaptation={"target_modules": ["query", "key", "value", "dense"]},  # a set inside peft: order varies
         experiments=[{"id": "r2", "changes": ["adaptation.rank"], "rationale": "smaller", "adaptation": {"rank": 2}}],
     )
     return write_spec(tmp / "spec.yaml", spec)
@@ -54,13 +56,21 @@ def _run(spec: Path, store: Path, work: Path, kill_at: str | None = None) -> tup
 
 def _final(job: Path) -> dict:
     results = json.loads((job / "report/results.json").read_text())
+    binding = json.loads((job / "export/BINDING.json").read_text())
+    exported = sorted(p for p in (job / "export/adapter").rglob("*") if p.is_file())
     return {
+        # the same weights export byte-identical files: no pickled work dir, target_modules in one order
+        "export_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in exported},
+        "bound_files": {name: info for name, info in binding["files"].items() if name.startswith("adapter/")},
         "selected": results["selected"],
         "trials": {t["id"]: (t["status"], t["steps"], t["metrics"], t["losses"]) for t in results["trials"]},
         "test": (results["test"]["baseline"], results["test"]["trial"]),
         "verdict": results["verdict"],
         "adapter": (job / "export/adapter/adapter_model.safetensors").read_bytes(),
         "binding_trial": json.loads((job / "export/BINDING.json").read_text())["trial_id"],
+        "train_loss": {
+            t: json.loads((job / f"trials/{t}/result.json").read_text())["train_loss"] for t in ("main", "r2")
+        },
     }
 
 
@@ -70,10 +80,11 @@ def test_sigkill_inside_every_phase_then_a_fresh_process_finishes_the_same_job(t
     code, lines = _run(spec, tmp_path / "reference", tmp_path / "work-ref")
     assert code == 0, "\n".join(lines[-40:])
     reference = _final(tmp_path / "reference/jobs/killed")
+    assert "adapter_config.json" in reference["export_sha256"] and "training_args.bin" not in reference["export_sha256"]
 
     store, job = tmp_path / "store", tmp_path / "store/jobs/killed"
     for n, (phase, _) in enumerate(PHASES):
-        kill_at = "train: step 15/" if phase == "train" else f"{phase}: starting"
+        kill_at = "train: step 16/" if phase == "train" else f"{phase}: starting"
         code, lines = _run(spec, store, tmp_path / f"node-{n}", kill_at=kill_at)  # a new node each time
         assert code == -signal.SIGKILL, f"{phase}: the run ended before it was killed:\n" + "\n".join(lines[-20:])
         assert not (job / f"phases/{phase}/result.json").exists(), f"killed after {phase} committed"

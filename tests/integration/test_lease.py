@@ -128,3 +128,52 @@ def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_jo
     refused = verify_export(tampered)
     assert refused.returncode == 2
     assert "refused" in refused.stderr and "files that differ: model.safetensors" in refused.stderr
+
+
+def _verify_export(export: Path, base: Path) -> subprocess.CompletedProcess:
+    command = [RENTUNE, "verify-export", str(export), "--base", str(base)]
+    return subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["adapter-byte", "tokenizer-byte", "spec-byte", "added-file", "removed-file"],
+)
+def test_verify_export_refuses_an_export_whose_files_changed(cut_job, tmp_path, damage):
+    """BINDING.json holds the sha256 of every exported file: one flipped byte anywhere is refused."""
+    _, model, job, _, _ = cut_job
+    export = shutil.copytree(job / "export", tmp_path / "export")
+    binding = _json(export / "BINDING.json")
+    assert {"adapter/adapter_model.safetensors", "adapter/tokenizer.json", "spec.yaml"} <= set(binding["files"])
+    target = {
+        "adapter-byte": "adapter/adapter_model.safetensors",
+        "tokenizer-byte": "adapter/tokenizer.json",
+        "spec-byte": "spec.yaml",
+        "added-file": "adapter/extra.safetensors",
+        "removed-file": "adapter/adapter_config.json",
+    }[damage]
+    path = export / target
+    if damage == "added-file":
+        path.write_bytes(b"not part of the export")
+    elif damage == "removed-file":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    refused = _verify_export(export, model)
+    assert refused.returncode == 2, refused.stdout
+    assert f"refused: {path}:" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "binding", [b"[1]", b'{"base_model": {}}', b'{"files": [1], "base_model": {}}', b'{"trial_id": "ma']
+)
+def test_verify_export_names_an_unreadable_binding(cut_job, tmp_path, binding):
+    _, model, job, _, _ = cut_job
+    export = shutil.copytree(job / "export", tmp_path / "export")
+    (export / "BINDING.json").write_bytes(binding)
+    refused = _verify_export(export, model)
+    assert refused.returncode == 2
+    assert f"{export / 'BINDING.json'}:" in refused.stderr and "expected" in refused.stderr
+    assert "Traceback" not in refused.stderr

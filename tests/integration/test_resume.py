@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
 MAX_STEPS = 120
 EVERY = 10
+LOG_EVERY = 7  # loss windows that do not line up with checkpoints: the window around the resume spans both
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str) -> Path:
         "max_steps": MAX_STEPS,
         "seed": 7,
         "deterministic": True,
-        "log_every_steps": 1,
+        "log_every_steps": LOG_EVERY,
         "checkpoint": {"every_steps": EVERY, "keep": 3, "grace_seconds": 60},
     }
     return write_spec(
@@ -89,7 +90,8 @@ def _final_weights(job, tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model, s3_server):
-    """An uninterrupted run: its final weights and per-step losses are what a resumed run must reproduce."""
+    """An uninterrupted run: its final weights, train_loss and loss history are what a resumed run must
+    reproduce."""
     tmp = tmp_path_factory.mktemp("reference")
     bucket = create_bucket(s3_server)
     (tmp / "work").mkdir()
@@ -97,8 +99,9 @@ def reference(tmp_path_factory, tiny_model, s3_server):
     assert code == 0, out[-4000:]
     job = _job(s3_server, bucket)
     result = json.loads(job.get_bytes("trials/main/result.json"))
-    assert [e["step"] for e in result["losses"]] == list(range(1, MAX_STEPS + 1))
-    return _final_weights(job, tmp), result["losses"]
+    assert [e["step"] for e in result["losses"]] == [*range(LOG_EVERY, MAX_STEPS, LOG_EVERY), MAX_STEPS]
+    assert result["train_loss"] > 0
+    return _final_weights(job, tmp), result["losses"], result["train_loss"]
 
 
 def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_server, reference):
@@ -119,12 +122,13 @@ def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_s
     result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["resumed_from_step"] is not None and 2 * EVERY <= result["resumed_from_step"] < MAX_STEPS
     assert "train: resuming from committed checkpoint step" in out
-    ref_weights, ref_losses = reference
+    ref_weights, ref_losses, ref_train_loss = reference
     weights = _final_weights(job, tmp_path)
     assert weights.keys() == ref_weights.keys()
     mismatched = [name for name in weights if not (weights[name] == ref_weights[name]).all()]
     assert not mismatched, f"weights differ from the uninterrupted run: {mismatched[:5]}"
-    assert result["losses"] == ref_losses
+    assert result["losses"] == ref_losses  # the window around the resume included
+    assert result["train_loss"] == ref_train_loss
 
 
 def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s3_server, reference):
@@ -158,9 +162,9 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     (tmp_path / "node-b").mkdir()
     code, out = _finish(_start(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
-    ref_weights, ref_losses = reference
+    ref_weights, ref_losses, ref_train_loss = reference
     result = json.loads(job.get_bytes("trials/main/result.json"))
-    assert result["losses"] == ref_losses
+    assert result["losses"] == ref_losses and result["train_loss"] == ref_train_loss
     assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
     weights = _final_weights(job, tmp_path)
     assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)

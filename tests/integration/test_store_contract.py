@@ -1,5 +1,6 @@
-"""One contract for every Store backend (file:// and s3:// on a real moto server), then S3-only behaviour:
-injected throttling, error translation, configuration from the environment, stale multipart uploads."""
+"""One contract for every Store backend (file://, and s3:// on a real moto server and on a real SeaweedFS
+server), then S3-only behaviour on moto: injected throttling, error translation, configuration from the
+environment, stale multipart uploads."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.store import open_store
+from entrypoint.store import check_conditional_writes, open_store
 from entrypoint.store.base import (
     InvalidKey,
     ObjectExists,
@@ -46,13 +47,18 @@ class Backend:
     snapshot: Callable[[], set[str]]  # everything in the backing storage, inside the store or not
 
 
-@pytest.fixture(params=["file", "s3"])
+# Each S3 backend: the fixture giving a store in a fresh bucket, and the one giving the server's endpoint.
+S3_BACKENDS = {"moto": ("s3_store", "s3_server"), "seaweedfs": ("seaweed_store", "seaweed_server")}
+
+
+@pytest.fixture(params=["file", *S3_BACKENDS])
 def backend(request, tmp_path) -> Backend:
     if request.param == "file":
         store = request.getfixturevalue("file_store")
         return Backend("file", store, lambda: {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")})
-    store = request.getfixturevalue("s3_store")
-    raw = raw_client(request.getfixturevalue("s3_server"))
+    store_fixture, server_fixture = S3_BACKENDS[request.param]
+    store = request.getfixturevalue(store_fixture)
+    raw = raw_client(request.getfixturevalue(server_fixture))
 
     def snapshot() -> set[str]:
         found = {
@@ -63,7 +69,7 @@ def backend(request, tmp_path) -> Backend:
         uploads = raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", ())
         return found | {"upload:" + upload["Key"] for upload in uploads}
 
-    return Backend("s3", store, snapshot)
+    return Backend(request.param, store, snapshot)
 
 
 @pytest.fixture
@@ -198,6 +204,12 @@ def test_put_if_absent_race_has_exactly_one_winner(store):
         winners = _race(store, key, writers=8)
         assert len(winners) == 1, f"round {round_}: winners {winners}"
         assert store.get_bytes(key) == f"writer-{winners[0]}".encode()
+
+
+def test_conditional_write_check_passes_and_leaves_nothing(store):
+    """Every backend honours If-None-Match (or its file equivalent): the start-up check passes on it."""
+    check_conditional_writes(store, "scratch")
+    assert list(store.list()) == []
 
 
 BAD_KEYS = ["../escape", "a/../../escape", "a/./b", "a//b", "a/", "./a", "a\\..\\escape", "nul\x00byte"]

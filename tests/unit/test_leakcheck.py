@@ -5,7 +5,8 @@ import random
 import pytest
 
 import entrypoint.data.leaks as leakcheck
-from entrypoint.data.leaks import LEAKCHECK_VERSION, LeakPair, find_leaks, normalize_for_leaks
+from entrypoint.data.leaks import LEAKCHECK_VERSION, LeakPair, find_leaks
+from entrypoint.data.normalize import normalize_text
 
 # ~20-word sentences on one topic (support tickets): they share words and a few 3-grams, not whole phrases.
 TICKETS = [
@@ -30,16 +31,16 @@ def _by_kind(leaks: list[LeakPair], kind: str) -> set[tuple[str, int, str, int]]
 
 
 def test_normalize_case_space_and_edge_punctuation():
-    assert normalize_for_leaks("  Hello,\tWORLD!!\n(yes) ") == "hello world yes"
-    assert normalize_for_leaks("Don't stop: e.g. 3.5 -- ok...") == "don't stop e.g 3.5 ok"
-    assert normalize_for_leaks("ＡＢＣ ﬁne Straße") == "abc fine strasse"  # NFKC + casefold
-    assert normalize_for_leaks("(+) costs $5.") == "+ costs $5"  # symbols are not punctuation
-    assert normalize_for_leaks(" ... !! ") == ""
+    assert normalize_text("  Hello,\tWORLD!!\n(yes) ") == "hello world yes"
+    assert normalize_text("Don't stop: e.g. 3.5 -- ok...") == "don't stop e.g 3.5 ok"
+    assert normalize_text("ＡＢＣ ﬁne Straße") == "abc fine strasse"  # NFKC + casefold
+    assert normalize_text("(+) costs $5.") == "+ costs $5"  # symbols are not punctuation
+    assert normalize_text(" ... !! ") == ""
     for text in ["«Quoted»  — ℌello", "a)b (c", BASE, "__init__ x_y"]:
-        once = normalize_for_leaks(text)
-        assert normalize_for_leaks(once) == once
+        once = normalize_text(text)
+        assert normalize_text(once) == once
     with pytest.raises(TypeError):
-        normalize_for_leaks(b"bytes")  # type: ignore[arg-type]
+        normalize_text(b"bytes")  # type: ignore[arg-type]
 
 
 def test_planted_exact_duplicates_differ_only_in_case_space_punctuation():
