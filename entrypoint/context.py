@@ -36,7 +36,10 @@ class PhaseContext:
 
     @functools.cached_property
     def kind(self) -> JobKind:
-        return kind_for(self.spec)
+        kind = kind_for(self.spec)
+        if hasattr(kind, "log"):  # kinds that report as they go (generation throughput)
+            kind.log = self.log
+        return kind
 
     @functools.cached_property
     def model_dir(self) -> Path:

@@ -155,6 +155,19 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
         errors.append(f"{source}: data.modality: expected text for task {spec.hypothesis.task}; images are classified")
     if spec.data.modality == "image" and (spec.data.source or "").startswith("s3://"):
         errors.append(f"{source}: data.source: expected a local folder or JSONL for images (s3:// is for text data)")
+    chat = spec.data.format != "prompt_response"
+    if chat and spec.hypothesis.task == "classification":
+        errors.append(
+            f"{source}: data.format: expected prompt_response for task classification ({spec.data.format} "
+            "is for causal LMs: tasks format and extraction)"
+        )
+    if not chat and spec.data.chat_template:
+        errors.append(f"{source}: data.chat_template: expected data.format messages, sharegpt or alpaca")
+    template_file = spec.data.chat_template
+    if template_file and (
+        template_file.startswith("s3://") or not Path(template_file.removeprefix("file://")).is_file()
+    ):
+        errors.append(f"{source}: data.chat_template: expected a local Jinja file, got {template_file!r} (not found)")
     labels = spec.data.labels
     for i, guardrail in enumerate(spec.guardrails):
         name, _, part = guardrail.metric.partition("/")

@@ -292,10 +292,28 @@ class Data(_Section):
     )
     prompt_field: str = Field("prompt", min_length=1, max_length=100, description="Causal LM: the prompt.")
     response_field: str = Field("response", min_length=1, max_length=100, description="Causal LM: the target.")
+    format: Literal["prompt_response", "messages", "sharegpt", "alpaca"] = Field(
+        "prompt_response",
+        description="Causal LM rows: prompt_response (prompt_field/response_field with data.template), or chat: "
+        'messages ({"messages": [{"role": "system"|"user"|"assistant", "content": ...}]}), sharegpt '
+        '({"conversations": [{"from": "system"|"human"|"gpt", "value": ...}]}), alpaca (instruction, input, '
+        "output). Chat rows are rendered with the model's chat template.",
+    )
+    chat_template: PathStr | None = Field(
+        None,
+        description="Chat formats: a Jinja chat template file to use instead of the tokenizer's own; the exported "
+        "tokenizer carries it, so serving renders prompts as training did.",
+    )
+    train_on: Literal["all_assistant", "last_assistant"] = Field(
+        "all_assistant",
+        description="Chat formats: the assistant turns that count in the loss (each with its end-of-turn token); "
+        "everything else is masked.",
+    )
     template: str = Field(
         "{prompt}\n",
         max_length=10_000,
-        description="Causal LM: the text before the response; `{prompt}` is replaced. Its tokens get no loss.",
+        description="Causal LM, format prompt_response: the text before the response; `{prompt}` is replaced. Its "
+        "tokens get no loss.",
     )
     labels: list[str] | None = Field(
         None, min_length=2, description="Declared categories; a row with another label is an error."

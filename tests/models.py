@@ -53,3 +53,64 @@ def build_tiny_causal_lm(folder: Path, seed: int = 0) -> Path:
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Llama 3's shape: a bos, header tokens around the role, trimmed content, <|eot_id|> after every turn.
+LLAMA3 = (
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+_SPECIALS = {
+    "chatml": {"bos": "<|im_start|>", "eos": "<|im_end|>", "extra": []},
+    "llama3": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "extra": ["<|start_header_id|>", "<|end_header_id|>"]},
+}
+
+
+def build_chat_tokenizer(style: str, texts: list[str], vocab_size: int = 600):
+    """A byte-level BPE tokenizer trained here on `texts`, with the special tokens and chat template of
+    `style` ("chatml" as SmolLM2 and Qwen use, or "llama3")."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = _SPECIALS[style]
+    tokens = [special["bos"], special["eos"], *special["extra"]]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    core.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=special["bos"], eos_token=special["eos"], pad_token=special["eos"]
+    )
+    tokenizer.chat_template = CHATML if style == "chatml" else LLAMA3
+    return tokenizer
+
+
+def build_tiny_chat_lm(folder: Path, texts: list[str], style: str = "chatml", seed: int = 0) -> Path:
+    """A 2-layer, 32-wide Llama with a byte-level BPE tokenizer trained on `texts` and a chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_chat_tokenizer(style, texts)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder

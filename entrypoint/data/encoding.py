@@ -40,6 +40,7 @@ _TOKENIZER_FILES = (
     "spiece.model",
     "added_tokens.json",
     "preprocessor_config.json",  # image processors
+    "chat_template.jinja",  # transformers 5 saves a tokenizer's chat template beside it
 )
 
 

@@ -14,7 +14,7 @@ from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
 from entrypoint.data.inspection import build_inspection, length_stats, to_markdown
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
-from entrypoint.data.reading import DataError, read_source, rows_from_jsonl
+from entrypoint.data.reading import DataError, RawFile, read_source, rows_from_jsonl
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
 from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
@@ -42,9 +42,15 @@ def dedupe(rows: list[dict], key_fields: Sequence[str], where: str, labelled: bo
 
 
 def read_text_parts(
-    spec: JobSpec, wanted: Mapping[str, str], key_fields: Sequence[str], group_field: str | None = None
+    spec: JobSpec,
+    wanted: Mapping[str, str],
+    key_fields: Sequence[str],
+    group_field: str | None = None,
+    parse: Callable[[RawFile], list[dict]] | None = None,
+    clean: Callable[[list[dict]], tuple[list[dict], dict]] | None = None,
 ) -> DataParts:
-    """Every source of `spec.data` (one `source`, or `files` per split) read, cleaned and de-duplicated."""
+    """Every source of `spec.data` (one `source`, or `files` per split) read, cleaned and de-duplicated.
+    `parse` and `clean` replace the field reader and the per-field cleaning (chat rows: data/chat.py)."""
     data = spec.data
     sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
     parts, read, touched, duplicates, hashes = {}, {}, Counter(), 0, {}
@@ -52,9 +58,9 @@ def read_text_parts(
         field = "data.source" if name == "all" else f"data.files.{name}"
         raw = read_source(location, spec.store, field)
         hashes[location] = hashlib.sha256(raw.data).hexdigest()
-        rows = rows_from_jsonl(raw, wanted, data.labels, group_field)
+        rows = parse(raw) if parse else rows_from_jsonl(raw, wanted, data.labels, group_field)
         read[name] = len(rows)
-        rows, counts = apply_rules(rows, tuple(key_fields), data.clean)
+        rows, counts = clean(rows) if clean else apply_rules(rows, tuple(key_fields), data.clean)
         touched.update(counts)
         rows, dropped = dedupe(rows, key_fields, field, labelled=group_field is None)
         duplicates += dropped

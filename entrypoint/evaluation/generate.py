@@ -1,24 +1,28 @@
 """Generation for causal-LM evaluation, with fixed decoding so that the baseline, every trial and the sealed
-test generate the same way. The prompt is built exactly as the trainer builds it (preprocess.py):
-`[bos] + tokens(template.format(prompt))`, so the model is asked what it was trained to answer."""
+test generate the same way. The prompt is built exactly as the trainer builds it (data/encoding.py and
+data/chat.py): `[bos] + tokens(template.format(prompt))`, or the chat template's rendering of the turns
+before the answer with its generation prompt, so the model is asked what it was trained to answer.
+Greedy, batched, with the KV cache; generation stops at eos or the chat template's end-of-turn token."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = ["decoding", "generate_responses"]
 
 
-def decoding(max_new_tokens: int) -> dict:
+def decoding(max_new_tokens: int, stop: Sequence[str] = ()) -> dict:
     """The decoding settings, recorded in every eval config. Greedy: deterministic and seed-free."""
-    return {"strategy": "greedy", "do_sample": False, "num_beams": 1, "max_new_tokens": max_new_tokens}
+    settings = {"strategy": "greedy", "do_sample": False, "num_beams": 1, "max_new_tokens": max_new_tokens}
+    return {**settings, "use_cache": True, "stop": ["eos", *stop]}
 
 
-def _prompt_ids(tokenizer, prompt: str, template: str, room: int) -> list[int]:
-    ids = tokenizer(template.format(prompt=prompt), add_special_tokens=False)["input_ids"]
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+def _prompt_ids(tokenizer, text: str, add_bos: bool, room: int) -> list[int]:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if add_bos and tokenizer.bos_token_id is not None else []
     ids = bos + ids
     return ids[-room:]  # a prompt longer than the room keeps its end, next to where the answer starts
 
@@ -28,20 +32,25 @@ def generate_responses(
     model,
     tokenizer,
     prompts: Sequence[str],
-    template: str,
     max_length: int,
     max_new_tokens: int,
     batch: int,
     device,
+    add_bos: bool = True,
+    stop: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """The decoded continuation of each prompt (special tokens removed, outer whitespace stripped), in order.
-    Prompts are left-padded so every continuation starts right after its own prompt."""
+    """The decoded continuation of each rendered prompt (special tokens removed, outer whitespace stripped),
+    in order. Prompts are left-padded so every continuation starts right after its own prompt. `stop`:
+    tokens that end an answer besides eos (a chat template's end of turn). `log` gets the throughput."""
     model.eval().to(device)
     room = max(1, max_length - max_new_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop_ids = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(stop))]
     outputs: list[str] = []
+    started, new_tokens = time.monotonic(), 0
     for start in range(0, len(prompts), batch):
-        encoded = [_prompt_ids(tokenizer, p, template, room) for p in prompts[start : start + batch]]
+        encoded = [_prompt_ids(tokenizer, p, add_bos, room) for p in prompts[start : start + batch]]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
@@ -52,8 +61,14 @@ def generate_responses(
             num_beams=1,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=sorted({i for i in stop_ids if i is not None}),
+            use_cache=True,
         )
         for row in generated[:, width:]:
+            new_tokens += int((row != pad).sum())
             outputs.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    if log is not None and prompts:
+        took = time.monotonic() - started
+        rate = new_tokens / took if took > 0 else 0.0
+        log(f"generation: {len(prompts)} answers, {new_tokens} new tokens in {took:.1f} s ({rate:.1f} tokens/s)")
     return outputs

@@ -1,16 +1,20 @@
 """Causal LM: a prompt -> a generated response (format adherence, extraction). Rows are
-{"prompt", "response", "label"}, the label being the row's group for per-group metrics ("all" if none).
+{"prompt", "response", "label"} (chat formats add "messages"), the label being the row's group for
+per-group metrics ("all" if none).
 
-Training: `[bos] + tokens(template.format(prompt)) + tokens(response) + [eos]`, the loss on the response
-and eos only. Generation for the baseline, every trial, test and verify: the same prompt construction,
-greedy (evaluation/generate.py). Baseline: the untouched model's own generations.
+`data.format: prompt_response`: `[bos] + tokens(template.format(prompt)) + tokens(response) + [eos]`, the
+loss on the response and eos only. Chat formats (`messages`, `sharegpt`, `alpaca`): the conversation
+rendered with the model's chat template (or `data.chat_template`), the loss on assistant turns and their
+end-of-turn tokens only (data/chat.py). Generation for the baseline, every trial, test and verify: the
+same prompt construction, greedy (evaluation/generate.py). Baseline: the untouched model's generations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from entrypoint.data.chat import ChatTemplate, chat_rows_from_jsonl, clean_chat, encode_chat
 from entrypoint.data.encoding import (
     IGNORE_INDEX,
     encode_causal,
@@ -30,12 +34,27 @@ class CausalLM:
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
+        self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
+        self.log: Callable[[str], None] | None = None  # generation throughput goes here when set
 
     # -- data phase ------------------------------------------------------------------------------------
+    @property
+    def chat(self) -> bool:
+        return self.spec.data.format != "prompt_response"
+
     def read(self) -> DataParts:
         data = self.spec.data
         wanted = {"prompt": data.prompt_field, "response": data.response_field}
-        return read_text_parts(self.spec, wanted, ("prompt", "response"), group_field=data.label_field)
+        if not self.chat:
+            return read_text_parts(self.spec, wanted, ("prompt", "response"), group_field=data.label_field)
+        return read_text_parts(
+            self.spec,
+            wanted,
+            ("prompt", "response"),
+            group_field=data.label_field,
+            parse=lambda raw: chat_rows_from_jsonl(raw, data.format, data.label_field, data.train_on),
+            clean=lambda rows: clean_chat(rows, data.clean),
+        )
 
     def find_leaks(self, splits: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> Leaks:
         threshold = self.spec.data.leaks.near_threshold
@@ -48,7 +67,17 @@ class CausalLM:
         return canonical
 
     def recipe(self, folder: Path, processor) -> dict:
-        return {**text_recipe(self.spec, folder, "causal_lm"), "template": self.spec.data.template}
+        data = self.spec.data
+        if not self.chat:
+            return {**text_recipe(self.spec, folder, "causal_lm"), "template": data.template}
+        template = self.template(processor)
+        return {
+            **text_recipe(self.spec, folder, "causal_lm"),
+            "format": data.format,
+            "train_on": data.train_on,
+            "chat_template_sha256": template.sha256,
+            "end_of_turn": template.end_of_turn,
+        }
 
     def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
         return text_inspection(self, processor, splits, labels)
@@ -58,13 +87,26 @@ class CausalLM:
 
     # -- model -----------------------------------------------------------------------------------------
     def processor(self, folder: Path):
+        """The tokenizer; for chat formats it carries the chat template trained with (data.chat_template,
+        if given, replaces its own), so every saved copy (checkpoints, final, export) renders the same."""
         from transformers import AutoTokenizer
 
-        return prepare_tokenizer(AutoTokenizer.from_pretrained(folder))
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder))
+        if self.chat:
+            self._templates[id(tokenizer)] = ChatTemplate(tokenizer, self.spec.data.chat_template)
+        return tokenizer
+
+    def template(self, processor) -> ChatTemplate:
+        if id(processor) not in self._templates:
+            self._templates[id(processor)] = ChatTemplate(processor, self.spec.data.chat_template)
+        return self._templates[id(processor)]
 
     def encode(self, processor, rows: Sequence[dict], labels: Sequence[str]) -> list:
-        template, max_length = self.spec.data.template, self.spec.model.max_length
-        return [encode_causal(processor, r["prompt"], r["response"], template, max_length) for r in rows]
+        data, max_length = self.spec.data, self.spec.model.max_length
+        if self.chat:
+            template = self.template(processor)
+            return [encode_chat(template, r["messages"], data.train_on, max_length) for r in rows]
+        return [encode_causal(processor, r["prompt"], r["response"], data.template, max_length) for r in rows]
 
     def collator(self, processor):
         from transformers import DataCollatorForSeq2Seq
@@ -88,15 +130,22 @@ class CausalLM:
         from entrypoint.evaluation.generate import generate_responses
 
         spec = self.spec
+        if self.chat:
+            template = self.template(processor)
+            prompts, add_bos, stop = [template.prompt(r["messages"]) for r in rows], False, [template.end_of_turn]
+        else:
+            prompts, add_bos, stop = [spec.data.template.format(prompt=r["prompt"]) for r in rows], True, []
         return generate_responses(
             model,
             processor,
-            [r["prompt"] for r in rows],
-            spec.data.template,
+            prompts,
             spec.model.max_length,
             spec.model.max_new_tokens,
             spec.training.eval_batch,
             device,
+            add_bos=add_bos,
+            stop=stop,
+            log=self.log,
         )
 
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
@@ -108,4 +157,20 @@ class CausalLM:
     def eval_settings(self) -> dict:
         from entrypoint.evaluation.generate import decoding
 
-        return {"decoding": decoding(self.spec.model.max_new_tokens), "template": self.spec.data.template}
+        data, max_new_tokens = self.spec.data, self.spec.model.max_new_tokens
+        if not self.chat:
+            return {"decoding": decoding(max_new_tokens), "template": data.template}
+        template = next(iter(self._templates.values()), None)
+        if template is None:  # eval settings are asked before any tokenizer was loaded in this process
+            from transformers import AutoTokenizer
+
+            from entrypoint.training.model import resolve_model_dir
+
+            folder = resolve_model_dir(self.spec.model)
+            template = ChatTemplate(prepare_tokenizer(AutoTokenizer.from_pretrained(folder)), data.chat_template)
+        return {
+            "decoding": decoding(max_new_tokens, [template.end_of_turn]),
+            "format": data.format,
+            "chat_template_sha256": template.sha256,
+            "prompt": "the turns before the last assistant turn, rendered with the generation prompt",
+        }

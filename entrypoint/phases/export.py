@@ -57,6 +57,8 @@ def run(ctx: PhaseContext) -> dict:
         },
         "adaptation": ctx.read_json(trial_result_key(trial_id))["settings"]["adaptation"]["method"],
         "files": files,  # every exported file but this one, relative to export/
+        # chat jobs: the template the exported tokenizer carries (adapter/chat_template.jinja), as trained
+        "chat_template_sha256": ctx.data_result["recipe"].get("chat_template_sha256"),
         "trial_id": trial_id,
         "job_id": spec.job.id,
         "spec_sha256": ctx.spec_sha256,

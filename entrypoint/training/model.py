@@ -27,6 +27,7 @@ __all__ = [
     "adapt",
     "adaptation_summary",
     "classifier_options",
+    "convert_gguf",
     "hash_base_model",
     "load_adapter",
     "load_encoder",
@@ -67,6 +68,12 @@ def resolve_model_dir(model: Model) -> Path:
         folder = Path(spec.origin).parent / "model"
     else:
         folder = Path(str(model.path).removeprefix("file://")).expanduser()
+    if folder.suffix == ".gguf":
+        raise ModelError(
+            f"model.path: {folder} is a GGUF file; convert it once into a safetensors folder with "
+            f"`rentune convert-gguf {folder} DIR` and set model.path to DIR (the binding then covers exactly "
+            "the weights that are trained on)"
+        )
     if not (folder / "config.json").is_file():
         raise ModelError(f"model: expected a folder with config.json at {folder}")
     config = json.loads((folder / "config.json").read_text())
@@ -193,3 +200,45 @@ def adaptation_summary(model: torch.nn.Module) -> dict:
         "trainable_parameters": trainable,
         "total_parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def convert_gguf(gguf: Path, out: Path) -> dict:
+    """Dequantize a GGUF causal LM (weights, config, tokenizer with its chat template) into `out` as a
+    safetensors folder rentune trains on, with GGUF_SOURCE.json naming the file and its sha256. The same
+    GGUF file gives byte-identical weights. Returns what GGUF_SOURCE.json holds.
+
+    transformers dequantizes to float32 on load: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K
+    and the IQ types load, for the architectures transformers maps from GGUF (Llama, Mistral, Qwen2, Phi3,
+    GPT2 and others); SmolLM2-135M-Instruct's Q4_1 file is what the suite loads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf, out = Path(gguf).resolve(), Path(out)
+    if not gguf.is_file():
+        raise ModelError(f"{gguf}: no such GGUF file")
+    if out.exists() and any(out.iterdir()):
+        raise ModelError(f"{out}: exists and is not empty; choose a new folder (nothing was overwritten)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, OSError) as exc:
+        raise ModelError(f"{gguf}: transformers cannot load this GGUF file ({exc})") from None
+    # The loaded model still says it was quantized, and transformers refuses to save such a model: rebuild
+    # it from its config without that note and copy the dequantized weights in.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    source = {
+        "gguf_file": gguf.name,
+        "gguf_sha256": file_sha256(gguf),
+        "gguf_bytes": gguf.stat().st_size,
+        "dequantized_to": "float32",
+        "architecture": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    (out / "GGUF_SOURCE.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    return source

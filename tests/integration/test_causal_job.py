@@ -82,6 +82,8 @@ def test_extraction_job_runs_every_phase_with_fixed_decoding(tmp_path):
         "do_sample": False,
         "num_beams": 1,
         "max_new_tokens": 12,
+        "use_cache": True,
+        "stop": ["eos"],
     }
     assert baseline_config["baseline"] == {"method": "untouched_model_generation"}
     for trial in ("main", "full"):

