@@ -99,7 +99,9 @@ def build_inspection(
                     "positions": in_loss,
                     "count": len(in_loss),
                     "first": in_loss[0] if in_loss else None,
-                    "note": "prompt positions are masked (-100); response tokens and eos count",
+                    # what the loss is computed on, as text: the response (or assistant turns) and their end token
+                    "decoded": tokenizer.decode([tokens[p]["id"] for p in in_loss], skip_special_tokens=False),
+                    "note": "everything else is masked (-100): the prompt, system and user turns, and padding",
                 }
             else:
                 label_id = item.features["labels"]
@@ -128,6 +130,7 @@ def _render(record: dict) -> list[str]:
     loss = record["loss"]
     if causal:
         lines.append(f"  - loss: {loss['count']} positions from {loss['first']} (in [brackets] above); {loss['note']}")
+        lines.append(f"  - counted tokens decode to: `{loss['decoded'].replace(chr(10), '⏎')}`")
     else:
         lines.append(f"  - loss: sequence-level, cross-entropy on label {loss['label']!r} (id {loss['label_id']})")
     return lines

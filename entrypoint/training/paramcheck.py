@@ -68,7 +68,8 @@ class ParameterCheck:
             self.done = True
         elif step >= GRACE_STEPS:
             raise ParameterCheckError(
-                f"step {step}: {len(self.pending)} declared trainable parameter(s) never changed: "
+                f"after {step} updates with a learning rate above 0: {len(self.pending)} declared trainable "
+                "parameter(s) never changed: "
                 f"{sorted(self.pending)[:5]}"
             )
 

@@ -264,6 +264,8 @@ class FirstStepsCallback(TrainerCallback):
         self.check: ParameterCheck | None = None
         self.peak: PeakMemory | None = None
         self.seen = 0
+        self.updates = 0  # of them, those with a learning rate above 0
+        self.lr: float | None = None
         self.peak_bytes: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -271,10 +273,19 @@ class FirstStepsCallback(TrainerCallback):
             self.check = ParameterCheck(model, self.method)
         self.peak = PeakMemory(self.device).__enter__()
 
+    def on_step_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        try:
+            self.lr = float(lr_scheduler.get_last_lr()[0])  # the rate this step's update uses
+        except (AttributeError, IndexError, TypeError):
+            self.lr = None  # unknown: count the update
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.seen += 1
+        # A warmup starting at 0 makes the first update a no-op, and LoRA's A matrices get no gradient
+        # until B has moved once: only updates with a learning rate above 0 count towards the grace.
+        self.updates += self.lr is None or self.lr > 0
         if self.check is not None:
-            self.check.after_update(model, self.seen)
+            self.check.after_update(model, self.updates)
         if self.seen == self.steps:
             self._stop_measuring()
 

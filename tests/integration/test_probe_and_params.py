@@ -238,3 +238,16 @@ def test_adaptation_summary_names_what_lora_wrapped(bert):
     assert all(name.endswith((".query", ".value")) for name in summary["lora_modules"])
     assert summary["modules_to_save"] == ["base_model.model.classifier"]
     assert 0 < summary["trainable_parameters"] < summary["total_parameters"]
+
+
+def test_a_warmup_from_zero_does_not_fail_the_parameter_check(bert, tmp_path):
+    """Linear warmup makes the first update a no-op (learning rate 0), and LoRA's A matrices get no gradient
+    until B has moved once: the check counts only updates with a learning rate above 0."""
+    from entrypoint.runner import run_job
+    from tests.specs import load
+
+    spec = tiny_job("warmup", bert, training={"max_steps": 8, "warmup_ratio": 0.25})  # 2 warmup steps: lr 0 first
+    outcome = run_job(load(spec), FileStore(tmp_path / "store"), tmp_path / "work", lambda line: None, until="train")
+    assert outcome.ran == ["data", "baseline", "probe", "train"]
+    result = json.loads((tmp_path / "store/jobs/warmup/trials/main/result.json").read_text())
+    assert result["parameter_check"]["passed"] is True
