@@ -59,8 +59,8 @@ demo-llm: $(VENV)/.llm $(SMOLLM2)
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/extract-chat.yaml --store file://$(CURDIR)/runs
 
 lint: setup
-	$(BIN)/ruff check jobspec entrypoint tests bench deploy
-	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy
+	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples
+	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy examples
 
 # The whole suite; what .ci/run runs.
 test: lint
@@ -72,7 +72,7 @@ FAST := tests/unit tests/integration/test_data_phase.py tests/integration/test_p
 	tests/integration/test_divergence.py tests/integration/test_checkpoint_protocol.py \
 	tests/integration/test_store_contract.py
 test-fast: setup
-	$(BIN)/ruff check jobspec entrypoint tests bench deploy
+	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(FAST)
 
 clean:
