@@ -152,6 +152,7 @@ class graceful_sigterm:
         self.log = log
         self.requested = threading.Event()
         self.received_at: float | None = None
+        self.watchdog: threading.Timer | None = None  # armed by the first SIGTERM; never disarmed in a run
         self._previous = None
 
     def _handle(self, signum, frame) -> None:
@@ -160,9 +161,9 @@ class graceful_sigterm:
         self.received_at = time.monotonic()
         self.requested.set()
         self.log(f"train: SIGTERM received; finishing this step and committing within {self.grace_seconds:.0f} s")
-        watchdog = threading.Timer(self.grace_seconds, self._expire)
-        watchdog.daemon = True
-        watchdog.start()
+        self.watchdog = threading.Timer(self.grace_seconds, self._expire)
+        self.watchdog.daemon = True
+        self.watchdog.start()
 
     def _expire(self) -> None:
         self.log("train: grace period over before the checkpoint committed; exiting without it")

@@ -61,6 +61,9 @@ def test_sigterm_saves_and_stops_after_the_current_step(clock):
         os.kill(os.getpid(), signal.SIGTERM)  # handled: the test process survives
         control = _step(callback, 4)
         assert control.should_save and control.should_training_stop
+        assert sigterm.watchdog is not None and sigterm.watchdog.is_alive()
+        # In a run the watchdog ends the process once the grace is over; here it would end pytest 60 s later.
+        sigterm.watchdog.cancel()
     assert signal.getsignal(signal.SIGTERM) is not sigterm._handle  # previous handler restored
 
 
