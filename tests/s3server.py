@@ -36,6 +36,13 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # importing moto takes a few seconds; a loaded CI runner can take much longer
 
 
+def _dies_with_us(command: list[str]) -> list[str]:
+    """`command` run so that the kernel kills it if this test process dies without stopping it (a killed
+    pytest runs no fixture teardown): util-linux's `setpriv --pdeathsig KILL`, where it exists."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
+
+
 def _free_port() -> int:
     return _free_ports(1)[0]
 
@@ -81,7 +88,7 @@ class MotoServer:
             env.pop("MOTO_PORT", None)
             with os.fdopen(fd, "wb") as out:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+                    _dies_with_us([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)]),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -239,7 +246,7 @@ class SeaweedServer:
             env = dict(os.environ, HOME=str(self._dir), TMPDIR=str(self._dir))
             with open(self._log, "wb") as out:
                 self._proc = subprocess.Popen(
-                    command,
+                    _dies_with_us(command),
                     cwd=self._dir,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
