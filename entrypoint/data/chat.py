@@ -157,6 +157,9 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.text = tokenizer.chat_template
         self.sha256 = hashlib.sha256(self.text.encode()).hexdigest()
+        # longest first, so that a special token that starts with another is matched whole
+        specials = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+        self._specials = sorted((token for token in specials if token), key=len, reverse=True)
         self.end_of_turn = self._end_of_turn()
 
     def render(self, turns: Sequence[dict], generation_prompt: bool) -> str:
@@ -165,9 +168,9 @@ class ChatTemplate:
     def _end_of_turn(self) -> str:
         """The special token the template puts right after an assistant turn's content."""
         probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
-        return self._span(probe, 1)[2]
+        return self.span(probe, 1)[2]
 
-    def _span(self, turns: Sequence[dict], i: int, whole: str | None = None) -> tuple[int, int, str]:
+    def span(self, turns: Sequence[dict], i: int, whole: str | None = None) -> tuple[int, int, str]:
         """(start, end, end-of-turn token) of assistant turn `i` in the rendering of `turns` (`whole`)."""
         whole = self.render(turns, False) if whole is None else whole
         before = self.render(turns[:i], True)
@@ -186,8 +189,7 @@ class ChatTemplate:
                 "the template changes the content or adds text before it"
             )
         rest = tail[at + len(content) :]
-        specials = sorted(self.tokenizer.all_special_tokens + list(self.tokenizer.get_added_vocab()), key=len)
-        eot = next((token for token in reversed(specials) if token and rest.startswith(token)), None)
+        eot = next((token for token in self._specials if rest.startswith(token)), None)
         if eot is None:
             raise TemplateError(
                 f"data.chat_template: no end-of-turn special token right after assistant turn {i} "
@@ -207,7 +209,7 @@ def encode_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, ma
     tokenizer = template.tokenizer
     whole = template.render(turns, False)
     targets = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
-    spans = [template._span(turns, i, whole) for i in (targets[-1:] if train_on == "last_assistant" else targets)]
+    spans = [template.span(turns, i, whole) for i in (targets[-1:] if train_on == "last_assistant" else targets)]
     encoded = tokenizer(whole, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     starts, ends = {s for s, _ in offsets}, {e for _, e in offsets}
