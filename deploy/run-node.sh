@@ -2,8 +2,11 @@
 # Runs the rentune worker on one rented GPU node: it claims queued jobs from the store and runs them one
 # at a time until stopped.
 #
-#   deploy/run-node.sh cuda|rocm IMAGE STORE_URI [extra rentune worker args]
+#   deploy/run-node.sh cuda|rocm|cpu IMAGE STORE_URI [extra rentune worker args]
 #   deploy/run-node.sh cuda registry.example.com/rentune:0.1.0-cuda s3://my-bucket/rentune --lease-seconds 600
+#
+# cpu passes no device: for an image built on a CPU base (tests/integration/test_docker.py runs this script
+# that way) or to try a job's data and model paths on a machine without GPUs.
 #
 # Credentials go by name only, so their values never appear on a command line: export AWS_ACCESS_KEY_ID
 # and AWS_SECRET_ACCESS_KEY, plus AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_REGION and
@@ -14,12 +17,16 @@
 # `model.path: /models/<name>`. The Hugging Face cache and DeepSpeed's compiled ops live in the named
 # volume rentune-cache (/cache), kept from one run to the next.
 #
+# The container uses the host's network (NETWORK=host, the default): torchrun's rendezvous and NCCL/RCCL
+# between nodes need the host's interfaces, and checkpoint uploads skip docker's NAT. NETWORK=bridge (or
+# any docker network) overrides it. CONTAINER_NAME (default rentune-worker) names the container.
+#
 # `docker stop rentune-worker` (or SIGTERM to this script) stops it: training commits a checkpoint and
 # exits 143; run this script again, here or on another node, and the job resumes from the store.
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 cuda|rocm IMAGE STORE_URI [extra rentune worker args]" >&2
+  echo "usage: $0 cuda|rocm|cpu IMAGE STORE_URI [extra rentune worker args]" >&2
   exit 2
 }
 
@@ -47,6 +54,9 @@ case "$backend" in
         fi
       fi
     done
+    ;;
+  cpu)
+    device_args=()
     ;;
   *)
     usage
@@ -78,7 +88,8 @@ fi
 
 # No --init: the image's entrypoint already runs tini as PID 1, which forwards SIGTERM and reaps zombies.
 cmd=(
-  docker run --rm --name rentune-worker
+  docker run --rm --name "${CONTAINER_NAME:-rentune-worker}"
+  --network "${NETWORK:-host}"
   "${device_args[@]}"
   # Above training.checkpoint.grace_seconds (default 90): docker stop waits this long before SIGKILL.
   --stop-timeout 120

@@ -36,11 +36,12 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # importing moto takes a few seconds; a loaded CI runner can take much longer
 
 
-def _dies_with_us(command: list[str]) -> list[str]:
-    """`command` run so that the kernel kills it if this test process dies without stopping it (a killed
-    pytest runs no fixture teardown): util-linux's `setpriv --pdeathsig KILL`, where it exists."""
+def dies_with_us(command: list[str], signal_name: str = "KILL") -> list[str]:
+    """`command` run so that the kernel signals it (SIGKILL by default) if this test process dies without
+    stopping it (a killed pytest runs no fixture teardown): util-linux's `setpriv --pdeathsig`, where it
+    exists."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
+    return [setpriv, "--pdeathsig", signal_name, "--", *command] if setpriv else command
 
 
 def _free_port() -> int:
@@ -88,7 +89,7 @@ class MotoServer:
             env.pop("MOTO_PORT", None)
             with os.fdopen(fd, "wb") as out:
                 self._proc = subprocess.Popen(
-                    _dies_with_us([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)]),
+                    dies_with_us([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)]),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -246,7 +247,7 @@ class SeaweedServer:
             env = dict(os.environ, HOME=str(self._dir), TMPDIR=str(self._dir))
             with open(self._log, "wb") as out:
                 self._proc = subprocess.Popen(
-                    _dies_with_us(command),
+                    dies_with_us(command),
                     cwd=self._dir,
                     stdin=subprocess.DEVNULL,
                     stdout=out,

@@ -169,13 +169,17 @@ class Worker:
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(claim, stop), daemon=True)
         beat.start()
+        stopped: Interrupted | None = None
         try:
             self.run(loaded, self.log)
-        except Interrupted:
-            if self.lost != job_id:
-                raise  # SIGTERM to this worker: the claim stays, another worker resumes after the lease timeout
-            self.log(f"worker: stopped {job_id}; its new owner continues it")
-            return True
+        except Interrupted as exc:
+            if self.lost == job_id:
+                self.log(f"worker: stopped {job_id}; its new owner continues it")
+                return True
+            # SIGTERM to this worker (docker stop, a spot notice): the job has committed what it could, so
+            # the claim is released below and the next worker, here or on another node, resumes the job at
+            # once instead of after the lease timeout. The queue entry stays.
+            stopped = exc
         except Exception as exc:  # the job failed; the attempt record in the store holds the details
             self._move(job_id, "failed", text, f"{type(exc).__name__}: {exc}\n", "error")
             self.log(f"worker: {job_id} failed: {type(exc).__name__}: {exc}")
@@ -186,6 +190,9 @@ class Worker:
             stop.set()
             beat.join()
         self.root.put_bytes(claim.key("released"), dumps({"worker": self.name, "at": self.clock()}))
+        if stopped is not None:
+            self.log(f"worker: stopped; {job_id} stays queued and resumes at the next worker's start")
+            raise stopped
         return True
 
     def loop(self, exit_when_idle: bool = False) -> None:

@@ -77,15 +77,36 @@ def dockerfile(request) -> tuple[str, list[tuple[str, str]]]:
     return request.param, parse_dockerfile(ROOT / request.param)
 
 
-def test_from_pins_a_tag(dockerfile):
+def _arg_defaults(instructions: list[tuple[str, str]]) -> dict[str, str]:
+    """ARG NAME=default pairs (the first default given for each name)."""
+    defaults: dict[str, str] = {}
+    for arguments in _args(instructions, "ARG"):
+        name, has_default, value = arguments.partition("=")
+        if has_default:
+            defaults.setdefault(name.strip(), value.strip().strip('"'))
+    return defaults
+
+
+def test_base_is_a_build_argument_whose_default_pins_a_tag(dockerfile):
     name, instructions = dockerfile
+    assert instructions[0][0] == "ARG", f"{name}: BASE_IMAGE must be declared before FROM"
     (image,) = [arguments.split()[0] for arguments in _args(instructions, "FROM")]
-    assert "$" not in image, f"{name}: FROM {image}: name the base image, not a build argument"
-    if "@sha256:" in image:
+    assert image == "${BASE_IMAGE}", f"{name}: FROM {image}: expected FROM ${{BASE_IMAGE}}"
+    default = _arg_defaults(instructions[:1]).get("BASE_IMAGE")
+    assert default, f"{name}: ARG BASE_IMAGE has no default"
+    if "@sha256:" in default:
         return
-    repository, _, tag = image.rpartition(":")
-    assert repository and "/" not in tag, f"{name}: FROM {image}: no tag"
-    assert tag != "latest", f"{name}: FROM {image}: pin a tag, not latest"
+    repository, _, tag = default.rpartition(":")
+    assert repository and "/" not in tag, f"{name}: BASE_IMAGE={default}: no tag"
+    assert tag != "latest", f"{name}: BASE_IMAGE={default}: pin a tag, not latest"
+
+
+def test_torch_build_defaults_to_the_images_accelerator_and_is_checked(dockerfile):
+    name, instructions = dockerfile
+    expected = name.rpartition(".")[2]  # Dockerfile.cuda -> cuda
+    assert _arg_defaults(instructions).get("TORCH_BUILD") == expected, f"{name}: ARG TORCH_BUILD={expected}"
+    checks = [run for run in _args(instructions, "RUN") if "TORCH_BUILD" in run and "torch.version" in run]
+    assert checks, f"{name}: no RUN checks the installed torch against TORCH_BUILD"
 
 
 def test_entrypoint_is_tini_in_front_of_rentune(dockerfile):
@@ -129,7 +150,18 @@ def test_offline_and_tini_installed(dockerfile):
 def test_pip_installs_the_project_and_keeps_the_base_torch(dockerfile):
     name, instructions = dockerfile
     installs = _pip_installs(instructions)
-    assert any(".[distributed]" in words for words in installs), f"{name}: no `pip install '.[distributed]'`"
+    # the dependencies with the distributed extra, constrained to the base's torch; then rentune itself
+    lists_deps = any(
+        words[words.index("image-requirements.py") + 1 :][:2] == ["pyproject.toml", "distributed"]
+        for run in _args(instructions, "RUN")
+        for words in _shell_commands(run)
+        if "image-requirements.py" in words
+    )
+    assert lists_deps, f"{name}: no `python image-requirements.py pyproject.toml distributed`"
+    assert any("--requirement" in words and "--constraint" in words for words in installs), (
+        f"{name}: the dependencies are not installed under a constraint"
+    )
+    assert any(words[-2:] == ["--no-deps", "."] for words in installs), f"{name}: no `pip install --no-deps .`"
     for words in installs:
         torch = [w for w in words if re.fullmatch(r"torch(\[.*\])?([<>=!~ ].*)?", w)]
         assert not torch, f"{name}: pip installs {torch}: the base image's torch must stay"
@@ -186,3 +218,19 @@ def test_k8s_job_leaves_time_for_the_grace():
     pod = job["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > GRACE_SECONDS
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_image_requirements_are_pyprojects_dependencies_and_the_extra():
+    script = ROOT / "deploy/image-requirements.py"
+    listed = subprocess.run(
+        [sys.executable, str(script), str(ROOT / "pyproject.toml"), "distributed"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split("\n")  # fmt: skip
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert listed[:-1] == [*project["dependencies"], *project["optional-dependencies"]["distributed"]]
+    unknown = subprocess.run(
+        [sys.executable, str(script), str(ROOT / "pyproject.toml"), "no-such-extra"], capture_output=True, text=True
+    )
+    assert unknown.returncode != 0 and "no optional dependency group [no-such-extra]" in unknown.stderr
