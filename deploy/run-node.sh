@@ -102,6 +102,7 @@ cmd=(
   --env AWS_ENDPOINT_URL_S3
   --env AWS_REGION
   --env AWS_DEFAULT_REGION
+  --env AWS_MAX_ATTEMPTS
   --env RENTUNE_S3_ADDRESSING_STYLE
   "${digest_args[@]}"
   --volume rentune-cache:/cache

@@ -54,6 +54,32 @@ AFTER_TRAINING = ("evaluate", "test", "verify", "report", "export")
 DEFAULT_STEP_SECONDS = 1.0
 # A trial takes longer than its optimizer steps: eval-loss passes, checkpoint commits, model loading.
 TRAIN_OVERHEAD = 1.1
+# every_minutes: auto commits first after this long (which measures the commit cost), then at Young/Daly's
+# interval for the cost measured at the newest commit.
+AUTO_FIRST_MINUTES = 10.0
+
+
+def young_daly_minutes(commit_seconds: float, mtbf_hours: float) -> float:
+    """The checkpoint interval that loses the least time to checkpoints plus recomputation after an
+    interruption (Young 1974, Daly 2006): sqrt(2 x C x MTBF) for a checkpoint costing C. Never shorter than
+    C itself (one commit in flight at a time), and within [1, 1440] minutes."""
+    seconds = math.sqrt(2.0 * commit_seconds * mtbf_hours * 3600.0)
+    return min(1440.0, max(1.0, seconds / 60.0, commit_seconds / 60.0))
+
+
+def checkpoint_policy_text(policy) -> str:
+    """When checkpoints are committed, in a line a person reads (plan, report)."""
+    when = []
+    if policy.every_steps:
+        when.append(f"every {policy.every_steps} steps")
+    if policy.every_minutes == "auto":
+        when.append(
+            f"every_minutes auto: sqrt(2 x C x MTBF) with MTBF {policy.mtbf_hours:g} h and C the cost of the "
+            f"newest commit ({AUTO_FIRST_MINUTES:g} min until the first measures it)"
+        )
+    elif policy.every_minutes:
+        when.append(f"every {policy.every_minutes:g} minutes")
+    return "checkpoints: " + ", ".join([*when, "on SIGTERM and at the end"]) + f"; keep {policy.keep}"
 
 
 def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
@@ -111,6 +137,7 @@ class PhasePlan:
     trials: list[TrialBudget]
     train_deadline: float  # seconds after the lease start; training stops here whatever its step count
     problems: list[str] = field(default_factory=list)
+    checkpoints: str = ""  # when checkpoints are committed (checkpoint_policy_text)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +157,8 @@ class PhasePlan:
         for trial in self.trials:
             lines.append(f"{trial.id:<20} {trial.steps:>8} {_hm(trial.seconds):>8}  {'yes' if trial.fits else 'NO'}")
         lines.append(f"training stops by {_hm(self.train_deadline)} after the lease start, whatever its step count")
+        if self.checkpoints:
+            lines.append(self.checkpoints)
         return "\n".join(lines)
 
 
@@ -208,4 +237,7 @@ def make_plan(
         at += seconds
     slots.append(Slot("margin", margin, at, at + margin, "spec" if spec.rental.margin else "default"))
     step_source = "measured" if step_seconds else "estimate"
-    return PhasePlan(window, lease, margin, step, step_source, elapsed, slots, budgets, train_deadline, problems)
+    return PhasePlan(
+        window, lease, margin, step, step_source, elapsed, slots, budgets, train_deadline, problems,
+        checkpoint_policy_text(spec.training.checkpoint),
+    )  # fmt: skip

@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "Adaptation",
@@ -352,7 +352,14 @@ class Adaptation(_Section):
 
 class CheckpointPolicy(_Section):
     every_steps: int | None = Field(None, gt=0, le=10_000_000, description="Commit every N optimizer steps.")
-    every_minutes: float | None = Field(None, gt=0.0, le=1440.0, description="Commit at least this often.")
+    every_minutes: float | Literal["auto"] | None = Field(
+        None,
+        description="Commit at least this often (minutes, up to 1440), or `auto`: Young/Daly's interval "
+        "sqrt(2 x C x MTBF) from each commit's measured cost C and `mtbf_hours`.",
+    )
+    mtbf_hours: float = Field(
+        24.0, gt=0.0, le=10_000.0, description="With every_minutes: auto, the expected hours between interruptions."
+    )
     keep: int = Field(3, ge=1, le=100, description="Valid checkpoints kept after rotation.")
     grace_seconds: float = Field(
         90.0,
@@ -360,6 +367,13 @@ class CheckpointPolicy(_Section):
         le=3600.0,
         description="After SIGTERM: time to finish the step and commit. Match docker's --stop-timeout.",
     )
+
+    @field_validator("every_minutes")
+    @classmethod
+    def _minutes_in_range(cls, value):
+        if isinstance(value, float | int) and not 0.0 < value <= 1440.0:
+            raise ValueError("expected minutes in (0, 1440], or auto")
+        return value
 
 
 class Training(_Section):

@@ -1,26 +1,50 @@
-"""An HTTP proxy on loopback that drops the `If-None-Match` header, as some gateways and older
-S3-compatible servers do: every request goes on to the real server, minus conditional-write semantics."""
+"""An HTTP proxy on loopback in front of a real S3 server, to make it misbehave the way real ones do:
+
+- `drop`: a request header removed on the way (`If-None-Match`, as some gateways and older S3-compatible
+  servers do: conditional writes silently stop working);
+- `delay(method, path)`: seconds to hold a request before forwarding it (a slow link, an upload in flight);
+- `fail(method, path)`: True to answer 503 SlowDown instead of forwarding (an overloaded or failing server).
+
+Both callables can be replaced while the proxy runs; `failed` counts the requests answered with 503."""
 
 from __future__ import annotations
 
 import http.client
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-__all__ = ["HeaderDroppingProxy"]
+__all__ = ["S3Proxy"]
 
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"}
+# Not forwarded: hop-by-hop headers, and Expect (this proxy answers the client's 100-continue itself).
+_HOP_BY_HOP = {
+    "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer", "expect",
+}  # fmt: skip
 
 
-class HeaderDroppingProxy:
-    """`with HeaderDroppingProxy(upstream) as proxy:` then point clients at `proxy.endpoint_url`.
-    `dropped` counts the requests whose `drop` header was removed."""
+_SLOW_DOWN = b"<Error><Code>SlowDown</Code><Message>injected by the test proxy</Message></Error>"
 
-    def __init__(self, upstream: str, drop: str = "If-None-Match"):
+
+class S3Proxy:
+    """`with S3Proxy(upstream) as proxy:` then point clients at `proxy.endpoint_url`. `dropped` counts the
+    requests whose `drop` header was removed."""
+
+    def __init__(
+        self,
+        upstream: str,
+        drop: str | None = None,
+        delay: Callable[[str, str], float] | None = None,
+        fail: Callable[[str, str], bool] | None = None,
+    ):
         target = urlsplit(upstream)
         owner = self
         self.dropped = 0
+        self.failed = 0
+        self.delay = delay or (lambda method, path: 0.0)
+        self.fail = fail or (lambda method, path: False)
+        drop = drop or ""
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -28,8 +52,18 @@ class HeaderDroppingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                time.sleep(owner.delay(self.command, self.path))
+                if owner.fail(self.command, self.path):
+                    owner.failed += 1
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(_SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(_SLOW_DOWN)
+                    return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                if any(k.lower() == drop.lower() for k in headers):
+                if drop and any(k.lower() == drop.lower() for k in headers):
                     owner.dropped += 1
                     headers = {k: v for k, v in headers.items() if k.lower() != drop.lower()}
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
@@ -43,7 +77,9 @@ class HeaderDroppingProxy:
                 for key, value in response.getheaders():
                     if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer has no body but the object's length, which must pass unchanged
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -57,7 +93,7 @@ class HeaderDroppingProxy:
         self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def __enter__(self) -> HeaderDroppingProxy:
+    def __enter__(self) -> S3Proxy:
         self._thread.start()
         return self
 

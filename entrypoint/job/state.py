@@ -59,6 +59,11 @@ def trial_result_key(trial_id: str) -> str:
     return f"trials/{trial_id}/result.json"
 
 
+def commit_status_key(trial_id: str) -> str:
+    """Where a trial's failing streak of background checkpoint commits is recorded (for `rentune status`)."""
+    return f"trials/{trial_id}/commit-status.json"
+
+
 def worker_result_key(trial_id: str) -> str:
     """Written by torchrun's rank 0 for the launching process."""
     return f"trials/{trial_id}/train_result.json"

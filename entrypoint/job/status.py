@@ -12,7 +12,15 @@ import time
 
 from entrypoint.errors import InvalidInput
 from entrypoint.job.attempts import attempt_numbers
-from entrypoint.job.state import PHASE_NAMES, job_store, read_json, read_result, stored_spec, trial_result_key
+from entrypoint.job.state import (
+    PHASE_NAMES,
+    commit_status_key,
+    job_store,
+    read_json,
+    read_result,
+    stored_spec,
+    trial_result_key,
+)
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
 from jobspec.experiments import resolve_trials
@@ -75,6 +83,12 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
             committed = [step for step, names in steps.items() if MANIFEST in names]  # no manifest, no commit
             state, shown = ("training", f"{max(committed)}*") if committed else ("pending", "-")
             lines.append(f"{trial.id:<20} {state:<10} {shown:>7}")
+            failing = _json(store, commit_status_key(trial.id))
+            if failing and failing.get("failures_in_a_row"):
+                lines.append(
+                    f"{'':<20} checkpoint commits failing: {failing['failures_in_a_row']} in a row, the last at "
+                    f"step {failing.get('step')}: {str(failing.get('error'))[:160]}"
+                )
         else:
             reason = (record.get("reason") or "")[:100]
             lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")

@@ -7,7 +7,14 @@ from entrypoint.context import PhaseContext
 from entrypoint.job.state import trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
-from entrypoint.report.results import RESULTS_VERSION, Results, bar_family, config_sha256, limitations
+from entrypoint.report.results import (
+    RESULTS_VERSION,
+    Results,
+    bar_family,
+    checkpoint_summary,
+    config_sha256,
+    limitations,
+)
 from entrypoint.training.environment import environment
 
 __all__ = ["run"]
@@ -49,6 +56,7 @@ def run(ctx: PhaseContext) -> dict:
                 "eval_config_sha256": config_sha256(config) if config else None,
                 "losses": record.get("losses", []),
                 "eval_losses": record.get("eval_losses", []),
+                "checkpoints": checkpoint_summary(record),
             }
         )
     chosen = evaluated["trials"][selected]

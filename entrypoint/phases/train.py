@@ -27,7 +27,7 @@ from transformers import set_seed
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
-from entrypoint.job.state import dumps, to_jsonl, trial_result_key, worker_result_key
+from entrypoint.job.state import commit_status_key, dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest, list_steps
 from entrypoint.training.distributed import (
@@ -259,6 +259,9 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         "losses": loss_history(state.log_history, log_every(setup.spec.training.log_every_steps, state.max_steps)),
         "eval_losses": [{"step": e["step"], "loss": e["eval_loss"]} for e in state.log_history if "eval_loss" in e],
         "checkpoints_committed": saver.committed,
+        # per checkpoint of this process: bytes, the training loop's blocked time, the commit's own time
+        "checkpoints": saver.records,
+        "checkpoint_interval": saver.interval,  # every_minutes: auto only
         "adaptation": setup.adaptation,
         "weights": keys,
     }
@@ -330,6 +333,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         ctx.log,
         deadline=deadline,
         clock=ctx.clock,
+        status_key=commit_status_key(trial.id),
     )
     zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
     first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
@@ -348,7 +352,10 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         else None,
         eval_features=setup.eval_features,
     )
-    trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+    finally:
+        saver.finish()  # a commit in flight completes even when training fails: its checkpoint stands
     divergence.raise_if_diverged()
     if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
         raise Interrupted(

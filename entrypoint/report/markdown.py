@@ -86,6 +86,7 @@ def render_markdown(results: dict) -> str:
                     f"| {split} | {g['metric']} | {g['baseline']:.3f} | {g['trial']:.3f} | {g['change']:+.3f} | "
                     f"{g['tolerance']:.3f} | {'pass' if g['passed'] else 'FAIL'} |"
                 )
+    lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
     lines += [
         "",
         "## Plots",
@@ -136,3 +137,32 @@ def summary_table(results: dict) -> str:
             + ("  (sealed test split, opened once)" if split == "test" else "")
         )
     return "\n".join(lines)
+
+
+def _checkpoint_lines(trials: list[dict]) -> list[str]:
+    """Per trial: commits, size, how long training waited per checkpoint, how long a commit took."""
+    lines = [
+        'Committed in the background while training went on, except the last; "blocked" is the training '
+        "loop's wait per checkpoint (local save, then any wait for the commit before it). Counted for the "
+        "process that finished each trial.",
+        "",
+        "| trial | committed | size | blocked (median) | commit (median) | failed | interval |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in trials:
+        c = t.get("checkpoints")
+        if not c:
+            continue
+        size = "-" if c["bytes"] is None else f"{c['bytes'] / 1e6:.1f} MB"
+        blocked = "-" if c["blocked_s_median"] is None else f"{c['blocked_s_median']:.2f} s"
+        commit = "-" if c["commit_s_median"] is None else f"{c['commit_s_median']:.2f} s"
+        interval = "as the spec says"
+        if c["interval"] and c["interval"].get("minutes"):
+            i = c["interval"]
+            interval = (
+                f"auto: {i['minutes']:.1f} min = sqrt(2 x {i['commit_cost_s']:.1f} s x {i['mtbf_hours']:g} h MTBF)"
+            )
+        elif c["interval"]:
+            interval = "auto: no commit measured before the end"
+        lines.append(f"| {t['id']} | {c['committed']} | {size} | {blocked} | {commit} | {c['failed']} | {interval} |")
+    return lines

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["RESULTS_VERSION", "Results", "bar_family", "config_sha256", "limitations"]
+__all__ = ["RESULTS_VERSION", "Results", "bar_family", "checkpoint_summary", "config_sha256", "limitations"]
 
 RESULTS_VERSION = "rentune-results-1"
 
@@ -31,6 +32,17 @@ class Budget(_Strict):
     done_examples: int
     status: Literal["within", "exceeds", "short"]
     unit: str
+
+
+class CheckpointSummary(_Strict):
+    """The checkpoints of the process that finished the trial (earlier attempts' are not counted)."""
+
+    committed: int
+    bytes: int | None  # of the newest checkpoint
+    blocked_s_median: float | None  # the training loop's wait per checkpoint: local save, then any commit
+    commit_s_median: float | None  # upload, confirmation and manifest, in the background but for the last
+    failed: int
+    interval: dict[str, Any] | None  # every_minutes: auto: the chosen interval and the measured cost
 
 
 class TrialResult(_Strict):
@@ -50,6 +62,27 @@ class TrialResult(_Strict):
     eval_config_sha256: str | None
     losses: list[dict[str, float]]
     eval_losses: list[dict[str, float]]
+    checkpoints: CheckpointSummary | None
+
+
+def checkpoint_summary(record: dict) -> dict | None:
+    """A trial's CheckpointSummary from its result.json (None for a trial that never trained here)."""
+    records = record.get("checkpoints")
+    if records is None:
+        return None
+    done = [r for r in records if r.get("commit_s") is not None]
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "committed": len(done),
+        "bytes": done[-1]["bytes"] if done else None,
+        "blocked_s_median": median([r["blocked_s"] for r in records if "blocked_s" in r]),
+        "commit_s_median": median([r["commit_s"] for r in done]),
+        "failed": sum(1 for r in records if r.get("error")),
+        "interval": record.get("checkpoint_interval"),
+    }
 
 
 class SplitVerdict(_Strict):

@@ -99,8 +99,9 @@ class Store(Protocol):
     def get_bytes(self, key: str) -> bytes:
         """Read the object at `key`; raise `ObjectNotFound` if absent."""
 
-    def put_file(self, key: str, path: Path) -> None:
-        """Upload a local file (streamed; large files in parts)."""
+    def put_file(self, key: str, path: Path) -> str:
+        """Upload a local file (streamed; large files in parts) and return the sha256 of the bytes sent,
+        hashed from the same read that uploads them."""
 
     def get_file(self, key: str, path: Path) -> None:
         """Download to `path` (streamed, written to a temp file then renamed); `ObjectNotFound` if absent."""
@@ -136,8 +137,8 @@ class PrefixedStore:
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(self._k(key))
 
-    def put_file(self, key: str, path: Path) -> None:
-        self.inner.put_file(self._k(key), path)
+    def put_file(self, key: str, path: Path) -> str:
+        return self.inner.put_file(self._k(key), path)
 
     def get_file(self, key: str, path: Path) -> None:
         self.inner.get_file(self._k(key), path)

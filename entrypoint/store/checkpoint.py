@@ -3,7 +3,8 @@
 A checkpoint is the folder `trials/<trial>/checkpoints/step-<8 digits>/` and exists only if its
 `MANIFEST.json` exists and every file it lists downloads with the listed size and sha256.
 
-    commit:   upload every file -> HEAD each (size confirmed) -> PUT MANIFEST.json if absent
+    commit:   upload every file (in parallel, hashed as read) -> HEAD each (size confirmed)
+              -> PUT MANIFEST.json if absent
     discover: list step-* -> newest first: manifest? every file size + sha256 ok? -> take it, else log why
     rotate:   after a commit, delete all but the newest `keep` valid steps, and debris older than them
 
@@ -19,6 +20,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,21 +64,36 @@ def _step_key(prefix: str, step: int) -> str:
     return join_key(prefix, f"step-{step:08d}")
 
 
-def commit_checkpoint(store: Store, prefix: str, step: int, folder: Path, meta: dict) -> dict:
+UPLOAD_THREADS = 4  # files uploaded at a time; a large file also goes in parts, the store's max_concurrency at a time
+
+
+def commit_checkpoint(
+    store: Store, prefix: str, step: int, folder: Path, meta: dict, threads: int = UPLOAD_THREADS
+) -> dict:
     """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
 
-    `meta` (trial id, spec sha256, data version, base model sha256, env summary...) goes into the
-    manifest. Returns the manifest. If a manifest for this step already exists (another writer won the
-    race), returns it when it lists the same files and hashes, else raises CheckpointError.
+    Files go up `threads` at a time, largest first; each file's sha256 comes from the read that uploads
+    it (Store.put_file), so every byte is read from disk once. `meta` (trial id, spec sha256, data
+    version, base model sha256, env summary...) goes into the manifest. Returns the manifest. If a
+    manifest for this step already exists (another writer won the race), returns it when it lists the
+    same files and hashes, else raises CheckpointError.
     """
     key = _step_key(prefix, step)
-    files = {}
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    paths = {p.relative_to(folder).as_posix(): p for p in Path(folder).rglob("*") if p.is_file()}
     if store.head(join_key(key, MANIFEST)) is not None:  # never overwrite the files of a committed step
+        files = {name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for name, p in sorted(paths.items())}
         return _same_or_refuse(store, key, step, files)
-    for name in files:
-        store.put_file(join_key(key, name), Path(folder) / name)
+
+    def upload(name: str) -> tuple[str, dict]:
+        size = paths[name].stat().st_size  # the Trainer is done writing: the size cannot change under us
+        sha256 = store.put_file(join_key(key, name), paths[name])
+        if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol
+            raise CheckpointError(f"{key}/{name}: the store's put_file returned {sha256!r}, not a sha256")
+        return name, {"size": size, "sha256": sha256}
+
+    largest_first = sorted(paths, key=lambda name: (-paths[name].stat().st_size, name))
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths))), thread_name_prefix="upload") as pool:
+        files = dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
     for name, info in files.items():
         seen = store.head(join_key(key, name))
         if seen is None or seen.size != info["size"]:

@@ -24,6 +24,7 @@ from entrypoint.store.base import (
     StoreUnusable,
     check_key,
 )
+from entrypoint.store.hashing import BLOCK, HashingReader
 
 # Failures that no retry or later run fixes: the directory is not writable as configured.
 _UNUSABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
@@ -109,15 +110,17 @@ class FileStore:
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(key) from None
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path) -> str:
         dest = self._path(key)
         self._refuse_file_as_folder(key, dest)
         with open(path, "rb") as src:  # a missing local file is the caller's FileNotFoundError
+            reader = HashingReader(src)
             try:
-                tmp = self._write_atomically(dest, lambda out: shutil.copyfileobj(src, out, 1 << 20))
+                tmp = self._write_atomically(dest, lambda out: shutil.copyfileobj(reader, out, BLOCK))
                 os.replace(tmp, dest)
             except OSError as exc:
                 raise self._refused(key, exc) from exc
+        return reader.sha256()
 
     def get_file(self, key: str, path: Path) -> None:
         src = self._path(key)

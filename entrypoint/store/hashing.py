@@ -1,16 +1,45 @@
-"""sha256 of files, streamed: the one definition behind base-model hashes and checkpoint manifests."""
+"""sha256 of files, streamed: the one definition behind base-model hashes and checkpoint manifests.
+
+`HashingReader` hashes a file while something else reads it (an upload), so a checkpoint's bytes are read
+from disk once: for the store and for its manifest's sha256 together.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-__all__ = ["file_sha256"]
+__all__ = ["BLOCK", "HashingReader", "file_sha256"]
+
+BLOCK = 1 << 20
 
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class HashingReader:
+    """A read-only, forward-only view of an open binary file that hashes every byte read through it.
+
+    It offers `read` and nothing else on purpose: boto3 then streams it part by part, in order, instead of
+    re-opening the file and reading parts concurrently (which would need a second read for the hash).
+    `sha256()` and `size` are complete once `read` has returned b"".
+    """
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._handle.read(n)
+        self._digest.update(data)
+        self.size += len(data)
+        return data
+
+    def sha256(self) -> str:
+        return self._digest.hexdigest()

@@ -46,6 +46,7 @@ from entrypoint.store.base import (
     check_key,
     join_key,
 )
+from entrypoint.store.hashing import HashingReader
 
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
 
@@ -115,6 +116,16 @@ def _translate(err: Exception, op: str, where: str) -> StoreError:
     return StoreError(f"{where}: {op} failed: {type(err).__name__}: {err}")
 
 
+def _max_attempts_from_env() -> int:
+    """$AWS_MAX_ATTEMPTS (the standard variable: requests in all, the first included), or our default."""
+    value = os.environ.get("AWS_MAX_ATTEMPTS")
+    if value is None:
+        return DEFAULT_MAX_ATTEMPTS
+    if not value.isdigit() or int(value) < 1:
+        raise StoreUnusable(f"$AWS_MAX_ATTEMPTS={value!r}: expected a whole number of requests, 1 or more")
+    return int(value)
+
+
 def _make_client(endpoint_url: str | None, region: str | None, addressing_style: str | None, **config):
     """A boto3 S3 client. Anything left None falls back to the standard AWS environment variables."""
     session = boto3.session.Session()
@@ -143,7 +154,8 @@ class S3Store:
 
     `client` is the boto3 client (thread-safe; one per store). Transfers of files above
     `multipart_threshold` go in `multipart_chunksize` parts, `max_concurrency` at a time. Each request is
-    sent at most `max_attempts` times (the first included) before its error is translated.
+    sent at most `max_attempts` times (the first included; default $AWS_MAX_ATTEMPTS, else 8) before its
+    error is translated.
     """
 
     def __init__(
@@ -157,7 +169,7 @@ class S3Store:
         multipart_threshold: int = DEFAULT_PART_SIZE,
         multipart_chunksize: int = DEFAULT_PART_SIZE,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
     ):
         if not _BUCKET_RE.match(bucket):
             raise InvalidKey(f"S3 bucket name {bucket!r}: expected 3-255 of [A-Za-z0-9._-]")
@@ -171,7 +183,7 @@ class S3Store:
             region,
             addressing_style,
             # Config's "max_attempts" counts retries only; "total_max_attempts" counts the first request too.
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            retries={"mode": "standard", "total_max_attempts": max_attempts or _max_attempts_from_env()},
             connect_timeout=10,
             read_timeout=60,
             max_pool_connections=max(10, max_concurrency + 2),  # transfer threads + concurrent small calls
@@ -278,13 +290,18 @@ class S3Store:
         except _VENDOR_ERRORS as err:
             raise _translate(err, "get", self._where(full)) from err
 
-    def put_file(self, key: str, path: Path) -> None:
-        """Upload `path` (multipart above the threshold). A missing local file raises FileNotFoundError."""
+    def put_file(self, key: str, path: Path) -> str:
+        """Upload `path` (multipart above the threshold) and return its sha256, hashed as it is read for
+        the upload: boto3 reads a HashingReader part by part, in order, and sends the parts
+        `max_concurrency` at a time. A missing local file raises FileNotFoundError."""
         full = self._full(key)
-        try:
-            self.client.upload_file(os.fspath(path), self.bucket, full, Config=self.transfer_config)
-        except _VENDOR_ERRORS as err:
-            raise _translate(err, "upload", self._where(full)) from err
+        with open(path, "rb") as handle:
+            reader = HashingReader(handle)
+            try:
+                self.client.upload_fileobj(reader, self.bucket, full, Config=self.transfer_config)
+            except _VENDOR_ERRORS as err:
+                raise _translate(err, "upload", self._where(full)) from err
+        return reader.sha256()
 
     def get_file(self, key: str, path: Path) -> None:
         full = self._full(key)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -26,10 +25,11 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 
 from entrypoint.errors import EXIT_INTERRUPTED
 from entrypoint.store import Store
-from entrypoint.store.checkpoint import commit_checkpoint, rotate
+from entrypoint.store.checkpoint import CheckpointError
+from entrypoint.store.committer import Committer
 from entrypoint.training.memory import PeakMemory
 from entrypoint.training.paramcheck import ParameterCheck
-from jobspec.plan import planned_steps
+from jobspec.plan import AUTO_FIRST_MINUTES, planned_steps, young_daly_minutes
 from jobspec.schema import CheckpointPolicy, Training
 
 __all__ = [
@@ -191,7 +191,11 @@ def _collective_device() -> torch.device:
 
 
 class StoreCheckpointCallback(TrainerCallback):
-    """Commits each checkpoint the Trainer writes to the store with the manifest-last protocol."""
+    """Commits each checkpoint the Trainer writes to the store with the manifest-last protocol: in the
+    background while training goes on (entrypoint/store/committer.py), except the last one (SIGTERM, the
+    plan's deadline, the end of training), which is committed before training returns. `records` has,
+    per checkpoint, its bytes, the training loop's blocked time (local save, then any wait for the commit
+    before it) and the commit's own time."""
 
     def __init__(
         self,
@@ -203,27 +207,61 @@ class StoreCheckpointCallback(TrainerCallback):
         log: Callable[[str], None],
         deadline: float | None = None,
         clock: Callable[[], float] = time.time,
+        status_key: str | None = None,
+        background: bool = True,
     ):
-        self.store, self.prefix, self.meta, self.policy = store, prefix, meta, policy
-        self.sigterm, self.log = sigterm, log
+        self.policy, self.sigterm, self.log, self.background = policy, sigterm, log, background
+        self.committer = Committer(store, prefix, meta, policy.keep, log, status_key=status_key)
         self.deadline, self.clock = deadline, clock  # the plan's training deadline (wall clock)
         self.last_commit = time.monotonic()
-        self.committed: list[int] = []
+        auto = policy.every_minutes == "auto"
+        self.interval_minutes: float | None = AUTO_FIRST_MINUTES if auto else policy.every_minutes
+        # with every_minutes: auto, the interval chosen from the newest measured commit, and why
+        self.interval: dict | None = {"policy": "auto", "mtbf_hours": policy.mtbf_hours} if auto else None
         self.deadline_hit_at: int | None = None
+        self._final = False  # the save the Trainer is about to make is the last of this process
+        self._save_asked_at: float | None = None
+
+    @property
+    def committed(self) -> list[int]:
+        return self.committer.committed
+
+    @property
+    def records(self) -> list[dict]:
+        return self.committer.records
+
+    def _retune(self) -> None:
+        """every_minutes: auto: Young/Daly's interval for the newest commit's cost (blocked + commit time)."""
+        done = [r for r in self.records if r["commit_s"] is not None and "blocked_s" in r]
+        if not done or self.interval.get("step") == done[-1]["step"]:
+            return
+        cost = done[-1]["blocked_s"] + done[-1]["commit_s"]
+        self.interval_minutes = young_daly_minutes(cost, self.policy.mtbf_hours)
+        self.interval.update(step=done[-1]["step"], commit_cost_s=round(cost, 3), minutes=self.interval_minutes)
+        self.log(
+            f"checkpoint: every_minutes auto: a commit costs {cost:.1f} s, MTBF {self.policy.mtbf_hours:g} h "
+            f"-> every {self.interval_minutes:.1f} min (sqrt(2 x C x MTBF))"
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
-        minutes = self.policy.every_minutes
+        if self.interval is not None:
+            self._retune()
+        minutes = self.interval_minutes
         save = minutes is not None and time.monotonic() - self.last_commit >= minutes * 60
-        save = save or state.global_step >= state.max_steps
+        end = state.global_step >= state.max_steps
         late = self.deadline is not None and self.clock() >= self.deadline
         stop = self.sigterm.requested.is_set() or late
-        save = save or stop  # a stop always commits first
+        failing = self.committer.failures >= self.committer.max_failures
+        save = save or end or stop  # a stop always commits first
         if _distributed():
             # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce
             # (clocks and signal arrival differ per rank). This is a CPU-GPU sync point, once per step.
-            flags = torch.tensor([float(save), float(stop)], device=_collective_device())
+            flags = torch.tensor([float(save), float(stop), float(failing)], device=_collective_device())
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-            save, stop = bool(flags[0]), bool(flags[1])
+            save, stop, failing = bool(flags[0]), bool(flags[1]), bool(flags[2])
+        if failing:
+            self.committer.raise_if_failing()  # the committing rank, with the store's error
+            raise CheckpointError("checkpoint commits keep failing on rank 0; stopping with it")
         if save:
             control.should_save = True
         if stop:
@@ -231,27 +269,39 @@ class StoreCheckpointCallback(TrainerCallback):
             if late and self.deadline_hit_at is None and state.global_step < state.max_steps:
                 self.deadline_hit_at = state.global_step
                 self.log(f"train: the plan's training deadline has passed; stopping at step {state.global_step}")
+        self._final = end or stop
+        self._save_asked_at = time.monotonic() if control.should_save else None
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        self.last_commit = time.monotonic()  # on every rank, so the minutes interval stays in step
+        saved_at = time.monotonic()
+        self.last_commit = saved_at  # on every rank, so the minutes interval stays in step
         if _distributed():
             torch.distributed.barrier()  # every rank has written its files (e.g. rng_state_<rank>.pth)
         if not state.is_world_process_zero:
             return
+        asked_at = self._save_asked_at or saved_at
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         reproducible_files(folder)
-        started = time.monotonic()
-        commit_checkpoint(self.store, self.prefix, state.global_step, folder, self.meta)
-        size_mb = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
-        took = time.monotonic() - started
-        self.log(f"checkpoint: committed step {state.global_step} ({size_mb:.1f} MB in {took:.1f} s)")
-        if self.sigterm.received_at is not None:
+        waited = self.committer.wait()  # at most one commit in flight
+        self.committer.raise_if_failing()  # that one may have completed a failing streak
+        if waited > 0.05:
+            self.log(f"checkpoint: waited {waited:.1f} s for the commit before step {state.global_step}'s")
+        background = self.background and not self._final
+        record = self.committer.commit(state.global_step, folder, background=background)
+        record["local_save_s"] = round(saved_at - asked_at, 3)
+        record["waited_s"] = round(waited, 3)
+        record["blocked_s"] = round(time.monotonic() - asked_at, 3)
+        if self.sigterm.received_at is not None and not background:
             self.log(f"checkpoint: committed {time.monotonic() - self.sigterm.received_at:.1f} s after SIGTERM")
-        self.committed.append(state.global_step)
         self.last_commit = time.monotonic()
-        shutil.rmtree(folder, ignore_errors=True)
-        rotate(self.store, self.prefix, self.policy.keep, self.log)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for the commit in flight; called at the end of training, and when training fails."""
+        self.committer.wait()
 
 
 class FirstStepsCallback(TrainerCallback):

@@ -14,7 +14,7 @@ from entrypoint.job.state import freeze_spec, job_store
 from entrypoint.runner import run_job
 from entrypoint.store import StoreUnusable, check_conditional_writes
 from entrypoint.store.s3 import S3Store
-from tests.proxy import HeaderDroppingProxy
+from tests.proxy import S3Proxy
 from tests.s3server import create_bucket
 from tests.specs import load, tiny_job
 
@@ -36,7 +36,7 @@ def test_a_second_spec_through_a_header_dropping_proxy_is_refused_and_the_spec_k
     first = load(tiny_job(JOB, tmp_path / "model"))
     freeze_spec(job_store(_store(s3_server, bucket), JOB), first)  # the job, started earlier
     second = load(tiny_job(JOB, tmp_path / "model", training={"learning_rate": 0.1}))
-    with HeaderDroppingProxy(s3_server) as proxy:
+    with S3Proxy(s3_server, drop="If-None-Match") as proxy:
         store = _store(proxy.endpoint_url, bucket)
         with pytest.raises(StoreUnusable, match="does not honour conditional writes") as caught:
             run_job(second, store, tmp_path / "work", lambda line: None)

@@ -82,8 +82,9 @@ class RecordingStore:
         self.writes.append(key)
 
     def put_file(self, key, path):
-        self.inner.put_file(key, path)
+        sha256 = self.inner.put_file(key, path)
         self.writes.append(key)
+        return sha256
 
 
 def test_every_phase_committed_its_result_last(tmp_path):

@@ -12,7 +12,7 @@ from transformers import TrainerControl
 
 from entrypoint.training import trainer as trainer_module
 from entrypoint.training.trainer import StoreCheckpointCallback, graceful_sigterm
-from jobspec.plan import planned_steps
+from jobspec.plan import AUTO_FIRST_MINUTES, checkpoint_policy_text, planned_steps, young_daly_minutes
 from jobspec.schema import CheckpointPolicy, Training
 
 
@@ -46,6 +46,42 @@ def test_minutes_interval(clock):
     assert not _step(callback, 1).should_save
     clock.now += 1
     assert _step(callback, 2).should_save
+
+
+def test_auto_interval_follows_the_measured_commit_cost(clock):
+    lines: list[str] = []
+    policy = CheckpointPolicy(every_minutes="auto", mtbf_hours=2)
+    callback = StoreCheckpointCallback(None, "p", {}, policy, graceful_sigterm(60, print), lines.append)
+    clock.now += AUTO_FIRST_MINUTES * 60 - 1  # until a commit is measured: the first interval
+    assert not _step(callback, 1).should_save
+    clock.now += 1
+    assert _step(callback, 2).should_save
+    # the commit of step 2 took 9 s in all: sqrt(2 x 9 s x 7200 s) = 360 s = 6 min
+    callback.records.append({"step": 2, "blocked_s": 1.0, "commit_s": 8.0})
+    callback.last_commit = clock.now
+    clock.now += 6 * 60 - 1
+    assert not _step(callback, 3).should_save
+    clock.now += 1
+    assert _step(callback, 4).should_save
+    assert callback.interval == {"policy": "auto", "mtbf_hours": 2, "step": 2, "commit_cost_s": 9.0, "minutes": 6.0}
+    assert lines == [
+        "checkpoint: every_minutes auto: a commit costs 9.0 s, MTBF 2 h -> every 6.0 min (sqrt(2 x C x MTBF))"
+    ]
+
+
+def test_young_daly_interval_is_never_shorter_than_a_commit_and_within_a_day():
+    assert young_daly_minutes(9.0, 2.0) == pytest.approx(6.0)
+    assert young_daly_minutes(0.01, 0.01) == 1.0  # at least a minute
+    assert young_daly_minutes(3000.0, 0.01) == pytest.approx(50.0)  # a commit of 50 min: never two at once
+    assert young_daly_minutes(30000.0, 10000.0) == 1440.0
+
+
+def test_the_plan_says_when_checkpoints_are_committed():
+    text = checkpoint_policy_text(CheckpointPolicy(every_steps=25, every_minutes="auto", mtbf_hours=12, keep=2))
+    assert text == (
+        "checkpoints: every 25 steps, every_minutes auto: sqrt(2 x C x MTBF) with MTBF 12 h and C the cost of "
+        "the newest commit (10 min until the first measures it), on SIGTERM and at the end; keep 2"
+    )
 
 
 def test_last_step_always_saves(clock):
