@@ -33,6 +33,11 @@ __all__ = [
 TMP_PREFIX = ".tmp-"  # local temp files during atomic writes; never a valid object name
 
 
+# Files a checkpoint commit uploads at once (each large one also in parts): S3Store sizes its connection
+# pool for it.
+UPLOAD_FILES_AT_ONCE = 4
+
+
 class StoreError(Exception):
     """Any failure of a store operation that is not one of the specific kinds below."""
 

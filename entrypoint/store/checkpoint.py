@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, check_key, join_key
+from entrypoint.store.base import UPLOAD_FILES_AT_ONCE
 from entrypoint.store.hashing import file_sha256
 from entrypoint.store.objects import CorruptObject, read_json
 
@@ -64,11 +65,8 @@ def _step_key(prefix: str, step: int) -> str:
     return join_key(prefix, f"step-{step:08d}")
 
 
-UPLOAD_THREADS = 4  # files uploaded at a time; a large file also goes in parts, the store's max_concurrency at a time
-
-
 def commit_checkpoint(
-    store: Store, prefix: str, step: int, folder: Path, meta: dict, threads: int = UPLOAD_THREADS
+    store: Store, prefix: str, step: int, folder: Path, meta: dict, threads: int = UPLOAD_FILES_AT_ONCE
 ) -> dict:
     """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
 

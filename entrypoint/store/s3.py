@@ -36,6 +36,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
 from entrypoint.store.base import (
+    UPLOAD_FILES_AT_ONCE,
     InvalidKey,
     ObjectExists,
     ObjectInfo,
@@ -186,7 +187,8 @@ class S3Store:
             retries={"mode": "standard", "total_max_attempts": max_attempts or _max_attempts_from_env()},
             connect_timeout=10,
             read_timeout=60,
-            max_pool_connections=max(10, max_concurrency + 2),  # transfer threads + concurrent small calls
+            # every part of the files a checkpoint commit uploads at once, plus small calls beside them
+            max_pool_connections=UPLOAD_FILES_AT_ONCE * max_concurrency + 2,
         )
         self.endpoint = f"{self.client.meta.endpoint_url} (bucket {bucket})"
         self.transfer_config = TransferConfig(
