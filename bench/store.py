@@ -2,7 +2,7 @@
 commit/discover protocol vs plain boto3 in the same run; and the time from SIGTERM to a committed
 checkpoint in a real `rentune run` process.
 
-    .venv/bin/python bench/store.py [--size-mb 200] [--repeats 3]
+    .venv/bin/python bench/store.py [--size-mb 200] [--repeats 3] [--server moto|seaweedfs]
 
 Two plain boto3 baselines: "tuned" (rentune's own part size and concurrency in a TransferConfig, every file
 uploaded at once, a connection pool to match), the one to beat, and boto3's defaults, one file after the
@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from entrypoint.store.checkpoint import commit_checkpoint, find_latest  # noqa: E402
 from entrypoint.store.s3 import S3Store  # noqa: E402
-from tests.s3server import MotoServer, create_bucket, raw_client  # noqa: E402
+from tests.s3server import MotoServer, SeaweedServer, create_bucket, raw_client  # noqa: E402
 
-ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def _checkpoint(folder: Path, size_mb: int) -> Path:
@@ -158,9 +158,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--server", choices=("moto", "seaweedfs"), default="moto",
+        help="moto: an in-memory Python server; seaweedfs: a real S3-compatible server (Go) on local disk",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ.update(ENV)
-    with MotoServer() as server, tempfile.TemporaryDirectory() as tmp:
+    server_class = MotoServer if args.server == "moto" else SeaweedServer
+    with server_class() as server, tempfile.TemporaryDirectory() as tmp:
         bench_transfers(server.endpoint_url, args.size_mb, args.repeats, Path(tmp))
         bench_sigterm(server.endpoint_url, Path(tmp))
 
