@@ -59,6 +59,7 @@ class Committer:
         self.failures = 0  # in a row
         self.last_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._status_cleared = status_key is None  # an earlier attempt's streak is cleared at the first commit
 
     def wait(self) -> float:
         """Block until the commit in flight (if any) has ended; the seconds waited."""
@@ -116,8 +117,8 @@ class Committer:
         self.log(
             f"checkpoint: committed step {step} ({record['bytes'] / 1e6:.1f} MB in {record['commit_s']:.1f} s{where})"
         )
-        if self.failures:
-            self.failures, self.last_error = 0, None
+        if self.failures or not self._status_cleared:  # a streak ended, here or in an earlier process
+            self.failures, self.last_error, self._status_cleared = 0, None, True
             self._write_status(step, None)
         try:
             rotate(self.store, self.prefix, self.keep, self.log)

@@ -135,3 +135,11 @@ def test_upload_hash_is_the_files_sha256(tmp_path):
     path = tmp_path / "blob.bin"
     path.write_bytes(bytes(range(256)) * 5000)
     assert store.put_file("blob.bin", path) == file_sha256(path)
+
+
+def test_a_streak_left_by_an_earlier_process_is_cleared_by_the_first_commit(store, tmp_path):
+    store.put_bytes(STATUS, json.dumps({"failures_in_a_row": 2, "step": 30, "error": "503"}).encode())
+    committer = _committer(store, [])  # a new process: it knows nothing of the earlier streak
+    committer.commit(40, _folder(tmp_path, 40), background=True)
+    committer.wait()
+    assert json.loads(store.get_bytes(STATUS))["failures_in_a_row"] == 0
