@@ -37,11 +37,15 @@ DEBIAN_PACKAGES = "python3,python3-venv,ca-certificates,passwd"
 HOST_EXTRA_CAS = Path("/usr/local/share/ca-certificates")
 
 
+def _installed() -> bool:
+    return all(shutil.which(tool) for tool in ("dockerd", "debootstrap", "docker"))
+
+
 def engine_unavailable() -> str | None:
     """Why this machine cannot have a Docker engine of its own, or None."""
     if os.geteuid() != 0:
         return "not root: dockerd and debootstrap need root"
-    if shutil.which("dockerd") and shutil.which("debootstrap") and shutil.which("docker"):
+    if _installed():
         return None
     if shutil.which("apt-get") is None:
         return "dockerd, debootstrap or docker not found, and no apt-get to install them"
@@ -50,7 +54,7 @@ def engine_unavailable() -> str | None:
 
 def install_engine() -> None:
     """Debian's docker.io and debootstrap, where missing (root and apt-get are checked before)."""
-    if shutil.which("dockerd") and shutil.which("debootstrap") and shutil.which("docker"):
+    if _installed():
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "--no-install-recommends", "docker.io", "debootstrap"]

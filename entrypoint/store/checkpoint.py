@@ -82,14 +82,15 @@ def commit_checkpoint(
         files = {name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for name, p in sorted(paths.items())}
         return _same_or_refuse(store, key, step, files)
 
+    sizes = {name: p.stat().st_size for name, p in paths.items()}  # the Trainer is done writing: final
+
     def upload(name: str) -> tuple[str, dict]:
-        size = paths[name].stat().st_size  # the Trainer is done writing: the size cannot change under us
         sha256 = store.put_file(join_key(key, name), paths[name])
         if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol
             raise CheckpointError(f"{key}/{name}: the store's put_file returned {sha256!r}, not a sha256")
-        return name, {"size": size, "sha256": sha256}
+        return name, {"size": sizes[name], "sha256": sha256}
 
-    largest_first = sorted(paths, key=lambda name: (-paths[name].stat().st_size, name))
+    largest_first = sorted(paths, key=lambda name: (-sizes[name], name))
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths))), thread_name_prefix="upload") as pool:
         files = dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
     for name, info in files.items():

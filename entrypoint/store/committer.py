@@ -85,9 +85,14 @@ class Committer:
             self._run(step, folder, record, True)
         return record
 
+    @property
+    def failing(self) -> bool:
+        """`max_failures` background commits in a row have failed: training must stop."""
+        return self.failures >= self.max_failures
+
     def raise_if_failing(self) -> None:
         """Raise once `max_failures` background commits in a row have failed."""
-        if self.failures >= self.max_failures:
+        if self.failing:
             raise CheckpointError(
                 f"{self.failures} checkpoint commits in a row failed; stopping rather than training on with "
                 f"nothing saved. The last error: {self.last_error}"

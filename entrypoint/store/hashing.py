@@ -27,18 +27,16 @@ class HashingReader:
 
     It offers `read` and nothing else on purpose: boto3 then streams it part by part, in order, instead of
     re-opening the file and reading parts concurrently (which would need a second read for the hash).
-    `sha256()` and `size` are complete once `read` has returned b"".
+    `sha256()` is complete once `read` has returned b"".
     """
 
     def __init__(self, handle):
         self._handle = handle
         self._digest = hashlib.sha256()
-        self.size = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self._handle.read(n)
         self._digest.update(data)
-        self.size += len(data)
         return data
 
     def sha256(self) -> str:

@@ -251,7 +251,7 @@ class StoreCheckpointCallback(TrainerCallback):
         end = state.global_step >= state.max_steps
         late = self.deadline is not None and self.clock() >= self.deadline
         stop = self.sigterm.requested.is_set() or late
-        failing = self.committer.failures >= self.committer.max_failures
+        failing = self.committer.failing
         save = save or end or stop  # a stop always commits first
         if _distributed():
             # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce

