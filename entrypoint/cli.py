@@ -130,10 +130,22 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
     metavar="REASON",
     help="Open a sealed test split that another spec or trial already opened; REASON goes into the report.",
 )
-def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reopen_test: str | None) -> None:
+@click.option(
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    envvar="RENTUNE_NODE_RANK",
+    show_default=True,
+    help="This node's rank in a multi-node job (distribution.nnodes > 1): 0 runs every phase, the others "
+    "join its training launches only. Env: RENTUNE_NODE_RANK.",
+)
+def run(
+    spec: Path, store_uri: str | None, workdir: Path, until: str | None, reopen_test: str | None, node_rank: int
+) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
-    from entrypoint.runner import run_job
+    from entrypoint.runner import run_job, store_args
     from entrypoint.training.environment import quiet_libraries
+    from entrypoint.training.nodes import follow_lead
 
     quiet_libraries()
     with _exits():
@@ -146,6 +158,17 @@ def run(spec: Path, store_uri: str | None, workdir: Path, until: str | None, reo
             addressing_style=options.addressing_style,
         )
     _log(f"rentune: job {loaded.spec.job.id} -> {root.uri}")
+    nnodes = loaded.spec.distribution.nnodes
+    if node_rank >= nnodes:
+        click.echo(
+            f"{loaded.source}: --node-rank {node_rank}: expected a rank below distribution.nnodes ({nnodes})", err=True
+        )
+        sys.exit(EXIT_INVALID)
+    if node_rank > 0:
+        job_id = loaded.spec.job.id
+        with _exits(source=loaded.source):
+            follow_lead(root, job_id, node_rank, (workdir / job_id).resolve(), store_args(root, job_id), _log)
+        return
     with _exits(source=loaded.source):
         outcome = run_job(loaded, root, workdir, _log, until=until, reopen_test=reopen_test)
     if until is not None and until not in ("report", "export"):

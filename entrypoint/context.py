@@ -33,6 +33,7 @@ class PhaseContext:
     root: Store | None = None  # the whole store: the sealed-test record spans jobs
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
     clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one
+    attempt: int = 0  # this process's attempt number (0: a subprocess of one)
 
     @functools.cached_property
     def kind(self) -> JobKind:
@@ -78,7 +79,7 @@ class PhaseContext:
 def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], None]) -> tuple[PhaseContext, str]:
     """The context of a process the runner starts (a torchrun rank, the verify process), rebuilt from the
     store alone: `--store URI --job ID --workdir DIR --trial ID [--endpoint-url --region --addressing-style]`
-    (runner._store_args writes them). Returns the context and the trial id."""
+    (runner.store_args writes them). Returns the context and the trial id."""
     from entrypoint.training.environment import quiet_libraries
 
     parser = argparse.ArgumentParser(prog=prog)

@@ -30,7 +30,7 @@ from entrypoint.training.device import preflight
 from entrypoint.training.environment import environment
 from jobspec.load import LoadedSpec
 
-__all__ = ["PHASES", "JobOutcome", "PlanDoesNotFit", "run_job"]
+__all__ = ["PHASES", "JobOutcome", "PlanDoesNotFit", "run_job", "store_args"]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
@@ -106,10 +106,11 @@ def run_job(
         store=store,
         workdir=(workdir / spec.job.id).resolve(),
         log=log,
-        store_args=_store_args(root, spec.job.id),
+        store_args=store_args(root, spec.job.id),
         root=root,
         reopen_test=reopen_test,
         clock=clock,
+        attempt=attempt,
     )
     _start_attempt(ctx, root, attempt)
     ran, skipped = [], []
@@ -144,7 +145,7 @@ def run_job(
     return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)
 
 
-def _store_args(root: Store, job_id: str) -> tuple[str, ...]:
+def store_args(root: Store, job_id: str) -> tuple[str, ...]:
     """How a subprocess (torchrun worker, verify) reopens this job's store: as it was opened, not as the
     spec says."""
     args = ["--store", root.uri, "--job", job_id]

@@ -414,7 +414,8 @@ class Distribution(_Section):
     rdzv_endpoint: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]+:\d{1,5}$",
-        description="host:port of the rendezvous for multi-node runs (default: MASTER_ADDR:MASTER_PORT).",
+        description="host:port of the rendezvous for multi-node runs, on node 0 (RENTUNE_RDZV_ENDPOINT overrides "
+        "it on resume elsewhere; default: MASTER_ADDR:MASTER_PORT).",
     )
     zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
     offload: bool = Field(False, description="DeepSpeed: offload optimizer state (and stage 3 parameters) to CPU.")

@@ -34,6 +34,7 @@ from entrypoint.training.distributed import (
     deepspeed_config,
     is_worker,
     needs_launch,
+    node_rank,
     rank,
     run_torchrun,
     torchrun_command,
@@ -41,6 +42,7 @@ from entrypoint.training.distributed import (
 from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.memory import is_oom
 from entrypoint.training.model import adaptation_summary, hash_base_model
+from entrypoint.training.nodes import announce_launch
 from entrypoint.training.trainer import (
     DivergenceCallback,
     FirstStepsCallback,
@@ -183,14 +185,20 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
     ctx.store.delete(worker_result_key(trial.id))
     shutil.rmtree(ctx.workdir / "workers", ignore_errors=True)
     worker_args = [*ctx.store_args, "--workdir", str(ctx.workdir / "workers"), "--trial", trial.id]
-    command = torchrun_command(distribution, worker_args)
+    launch = announce_launch(ctx.store, trial.id, ctx.attempt) if distribution.nnodes > 1 else None
+    command = torchrun_command(distribution, worker_args, rdzv_id=launch)
     ctx.log(f"train: launching {distribution.nproc_per_node} x {distribution.nnodes} processes with torchrun")
+    if launch:
+        ctx.log(f"train: launch {launch}: the other {distribution.nnodes - 1} node(s) join it through the store")
     code, terminated = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
     if terminated or code == EXIT_INTERRUPTED:
         raise Interrupted(f"train: torchrun workers stopped on SIGTERM (exit {code}); resume continues from the store")
-    if code != 0:
+    try:
+        result = ctx.read_json(worker_result_key(trial.id))
+    except ObjectNotFound:
+        result = None
+    if code != 0 and not (result and result.get("status") == "invalid"):  # a rank's OOM stops torchrun too
         raise RuntimeError(f"train: torchrun exited with code {code}; the workers' output above says why")
-    result = ctx.read_json(worker_result_key(trial.id))
     return {**result, "launcher": "torchrun", "processes": distribution.nproc_per_node * distribution.nnodes}
 
 
@@ -333,7 +341,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         ctx.log,
         deadline=deadline,
         clock=ctx.clock,
-        status_key=commit_status_key(trial.id),
+        status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
     )
     zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
     first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)

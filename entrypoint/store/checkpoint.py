@@ -5,6 +5,9 @@ A checkpoint is the folder `trials/<trial>/checkpoints/step-<8 digits>/` and exi
 
     commit:   upload every file (in parallel, hashed as read) -> HEAD each (size confirmed)
               -> PUT MANIFEST.json if absent
+    nodes:    across nodes, each node commits the files its ranks wrote into the same step folder and
+              reports them in NODE-<k>.json; node 0 waits for every report of this launch, then writes
+              the one manifest listing every node's files
     discover: list step-* -> newest first: manifest? every file size + sha256 ok? -> take it, else log why
     rotate:   after a commit, delete all but the newest `keep` valid steps, and debris older than them
 
@@ -15,16 +18,17 @@ be trusted or corrupted. This module imports no torch: it moves bytes and checks
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, check_key, join_key
+from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, StoreError, check_key, join_key
 from entrypoint.store.base import UPLOAD_FILES_AT_ONCE
 from entrypoint.store.hashing import file_sha256
 from entrypoint.store.objects import CorruptObject, read_json
@@ -33,16 +37,19 @@ __all__ = [
     "MANIFEST",
     "Checkpoint",
     "CheckpointError",
+    "Nodes",
     "checkpoint_prefix",
     "commit_checkpoint",
     "find_latest",
     "list_steps",
+    "node_report_key",
     "rotate",
 ]
 
 MANIFEST = "MANIFEST.json"
 REJECTED = "REJECTED.json"  # a step whose manifest did not verify; why, for the post-mortem
 MANIFEST_VERSION = 1
+NODE_WAIT_S = 600.0  # how long node 0 waits for another node's report of a step before the commit fails
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -57,6 +64,22 @@ class Checkpoint:
     manifest: dict
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """This process's place in a commit shared by `count` nodes (without a shared filesystem, each node
+    holds the files its own ranks wrote): node `node` of this torchrun launch `launch_id`, which tells its
+    reports apart from those an earlier launch left in the same step folder."""
+
+    node: int
+    count: int
+    launch_id: str
+    wait_s: float = field(default=NODE_WAIT_S, compare=False)
+
+    @property
+    def lead(self) -> bool:
+        return self.node == 0
+
+
 def checkpoint_prefix(trial_id: str) -> str:
     return join_key("trials", trial_id, "checkpoints")
 
@@ -65,8 +88,18 @@ def _step_key(prefix: str, step: int) -> str:
     return join_key(prefix, f"step-{step:08d}")
 
 
+def node_report_key(prefix: str, step: int, node: int) -> str:
+    return join_key(_step_key(prefix, step), f"NODE-{node}.json")
+
+
 def commit_checkpoint(
-    store: Store, prefix: str, step: int, folder: Path, meta: dict, threads: int = UPLOAD_FILES_AT_ONCE
+    store: Store,
+    prefix: str,
+    step: int,
+    folder: Path,
+    meta: dict,
+    threads: int = UPLOAD_FILES_AT_ONCE,
+    nodes: Nodes | None = None,
 ) -> dict:
     """Upload every file under `folder` as checkpoint `step`, confirm each, then write the manifest.
 
@@ -75,13 +108,33 @@ def commit_checkpoint(
     version, base model sha256, env summary...) goes into the manifest. Returns the manifest. If a
     manifest for this step already exists (another writer won the race), returns it when it lists the
     same files and hashes, else raises CheckpointError.
+
+    With `nodes`, a node other than 0 uploads and confirms its files, reports them (NODE-<k>.json, or
+    the error that stopped it) and returns that report; node 0 adds every other node's report of the
+    same launch to its own files before writing the manifest, and fails if one is missing after
+    `nodes.wait_s` or names a file differently from another node.
     """
     key = _step_key(prefix, step)
     paths = {p.relative_to(folder).as_posix(): p for p in Path(folder).rglob("*") if p.is_file()}
     if store.head(join_key(key, MANIFEST)) is not None:  # never overwrite the files of a committed step
         files = {name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for name, p in sorted(paths.items())}
+        return _same_or_refuse(store, key, step, files, all_files=nodes is None or nodes.count == 1)
+    if nodes is not None and not nodes.lead:
+        return _commit_node_files(store, prefix, step, paths, threads, nodes)
+    files = _upload(store, key, paths, threads)
+    if nodes is not None and nodes.count > 1:
+        files = _gather(store, prefix, step, files, nodes)
+    manifest = {"version": MANIFEST_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
+    body = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    try:
+        store.put_if_absent(join_key(key, MANIFEST), body)
+    except ObjectExists:
         return _same_or_refuse(store, key, step, files)
+    return manifest
 
+
+def _upload(store: Store, key: str, paths: dict[str, Path], threads: int) -> dict:
+    """Upload `paths` (name -> local file) under `key`, largest first, and confirm each; name -> size, sha256."""
     sizes = {name: p.stat().st_size for name, p in paths.items()}  # the Trainer is done writing: final
 
     def upload(name: str) -> tuple[str, dict]:
@@ -97,19 +150,59 @@ def commit_checkpoint(
         seen = store.head(join_key(key, name))
         if seen is None or seen.size != info["size"]:
             raise CheckpointError(f"{key}/{name}: upload not confirmed (expected {info['size']} bytes, saw {seen})")
-    manifest = {"version": MANIFEST_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
-    body = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    return files
+
+
+def _commit_node_files(
+    store: Store, prefix: str, step: int, paths: dict[str, Path], threads: int, nodes: Nodes
+) -> dict:
+    """A node other than 0: upload and confirm its files, then report them (or why it could not) to node 0."""
+    report: dict = {"node": nodes.node, "launch_id": nodes.launch_id, "step": step}
     try:
-        store.put_if_absent(join_key(key, MANIFEST), body)
-    except ObjectExists:
-        return _same_or_refuse(store, key, step, files)
-    return manifest
+        report["files"] = _upload(store, _step_key(prefix, step), paths, threads)
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(StoreError):  # best effort: the store may be what fails
+            store.put_bytes(node_report_key(prefix, step, nodes.node), json.dumps(report).encode())
+        raise
+    store.put_bytes(node_report_key(prefix, step, nodes.node), json.dumps(report, sort_keys=True).encode())
+    return report
 
 
-def _same_or_refuse(store: Store, key: str, step: int, files: dict) -> dict:
-    """Another writer committed this step first: fine if it holds the same files, else CheckpointError."""
+def _gather(store: Store, prefix: str, step: int, files: dict, nodes: Nodes) -> dict:
+    """Node 0's files plus every other node's reported files of this launch; CheckpointError if a node
+    reports an error, says nothing within `nodes.wait_s`, or holds a file node 0 (or another) holds
+    with different bytes."""
+    merged, deadline, pause = dict(files), time.monotonic() + nodes.wait_s, 0.1
+    for node in range(1, nodes.count):
+        while True:
+            try:
+                report = read_json(store, node_report_key(prefix, step, node))
+            except (ObjectNotFound, CorruptObject):  # not yet (or half-written by a dead process)
+                report = {}
+            if report.get("launch_id") == nodes.launch_id:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"step {step}: node {node} did not report its checkpoint files within {nodes.wait_s:.0f} s"
+                )
+            time.sleep(pause)
+            pause = min(pause * 1.5, 2.0)
+        if "error" in report:
+            raise CheckpointError(f"step {step}: node {node} could not commit its files: {report['error']}")
+        for name, info in report["files"].items():
+            if merged.setdefault(name, info) != info:
+                raise CheckpointError(f"step {step}: node {node} wrote a different {name} than another node")
+    return merged
+
+
+def _same_or_refuse(store: Store, key: str, step: int, files: dict, all_files: bool = True) -> dict:
+    """Another writer committed this step first: fine if it holds the same files (with `all_files`
+    False: at least these, unchanged), else CheckpointError."""
     theirs = read_json(store, join_key(key, MANIFEST))
-    if theirs.get("files") != files:
+    listed = theirs.get("files") or {}
+    same = listed == files if all_files else all(listed.get(name) == info for name, info in files.items())
+    if not same:
         raise CheckpointError(f"{key}: another writer committed different files for step {step}")
     return theirs
 

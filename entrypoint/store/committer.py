@@ -10,6 +10,8 @@ manifest last, put-if-absent), then rotates old steps out.
   folder dropped; training goes on and the next checkpoint is the retry. After `max_failures` failures in
   a row, `raise_if_failing` raises: the job stops with the store's error instead of training on with
   nothing saved. A synchronous commit (the last one, on SIGTERM or at the end) raises its error at once.
+- Across nodes (`nodes`), each node's committer uploads its own ranks' files and reports them; node 0's
+  writes the manifest once every node has reported, and alone rotates.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from entrypoint.store.base import Store, StoreError
-from entrypoint.store.checkpoint import CheckpointError, commit_checkpoint, rotate
+from entrypoint.store.checkpoint import CheckpointError, Nodes, commit_checkpoint, rotate
 
 __all__ = ["MAX_FAILED_COMMITS", "Committer"]
 
@@ -59,6 +61,7 @@ class Committer:
         self.failures = 0  # in a row
         self.last_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.nodes: Nodes | None = None  # set when training starts on several nodes
         self._status_cleared = status_key is None  # an earlier attempt's streak is cleared at the first commit
 
     def wait(self) -> float:
@@ -101,7 +104,7 @@ class Committer:
     def _run(self, step: int, folder: Path, record: dict, reraise: bool) -> None:
         started = time.monotonic()
         try:
-            commit_checkpoint(self.store, self.prefix, step, folder, self.meta)
+            commit_checkpoint(self.store, self.prefix, step, folder, self.meta, nodes=self.nodes)
         except Exception as exc:  # noqa: BLE001 - recorded, counted, and raised by raise_if_failing
             record["error"] = f"{type(exc).__name__}: {exc}"
             self.failures += 1
@@ -119,6 +122,13 @@ class Committer:
         record["commit_s"] = round(time.monotonic() - started, 3)
         self.committed.append(step)
         where = " in the background" if record["background"] else ""
+        if self.nodes is not None and not self.nodes.lead:
+            self.log(
+                f"checkpoint: node {self.nodes.node} uploaded its files of step {step} "
+                f"({record['bytes'] / 1e6:.1f} MB in {record['commit_s']:.1f} s{where}); node 0 writes the manifest"
+            )
+            self.failures, self.last_error = 0, None
+            return
         self.log(
             f"checkpoint: committed step {step} ({record['bytes'] / 1e6:.1f} MB in {record['commit_s']:.1f} s{where})"
         )

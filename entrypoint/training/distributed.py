@@ -16,9 +16,20 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from entrypoint.errors import InvalidInput
 from jobspec.schema import Distribution
 
-__all__ = ["deepspeed_config", "is_worker", "needs_launch", "rank", "run_torchrun", "torchrun_command"]
+__all__ = [
+    "deepspeed_config",
+    "is_worker",
+    "needs_launch",
+    "node_count",
+    "node_rank",
+    "rank",
+    "rendezvous_endpoint",
+    "run_torchrun",
+    "torchrun_command",
+]
 
 
 def is_worker() -> bool:
@@ -30,19 +41,46 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def node_rank() -> int:
+    """This node's rank in the torchrun launch (GROUP_RANK): node 0 holds global rank 0."""
+    return int(os.environ.get("GROUP_RANK", "0"))
+
+
+def node_count() -> int:
+    """Nodes in the torchrun launch (every node runs the same number of processes)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def needs_launch(distribution: Distribution) -> bool:
     return (distribution.nproc_per_node > 1 or distribution.nnodes > 1) and not is_worker()
 
 
-def torchrun_command(distribution: Distribution, worker_args: Sequence[str]) -> list[str]:
+def rendezvous_endpoint(distribution: Distribution) -> str:
+    """host:port of the c10d rendezvous: RENTUNE_RDZV_ENDPOINT (where this launch's nodes are: it changes
+    when a job resumes on other nodes, while the frozen spec cannot), else the spec's
+    distribution.rdzv_endpoint, else MASTER_ADDR:MASTER_PORT."""
+    endpoint = os.environ.get("RENTUNE_RDZV_ENDPOINT") or distribution.rdzv_endpoint
+    if not endpoint and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    if not endpoint:
+        raise InvalidInput(
+            f"distribution.nnodes is {distribution.nnodes}: expected the rendezvous host:port of node 0 in "
+            "RENTUNE_RDZV_ENDPOINT, distribution.rdzv_endpoint or MASTER_ADDR and MASTER_PORT"
+        )
+    return endpoint
+
+
+def torchrun_command(distribution: Distribution, worker_args: Sequence[str], rdzv_id: str | None = None) -> list[str]:
     """`python -m torch.distributed.run` (torchrun) for this spec: standalone on one node, c10d rendezvous at
-    `rdzv_endpoint` (or MASTER_ADDR:MASTER_PORT) across nodes."""
+    `rdzv_endpoint` (or MASTER_ADDR:MASTER_PORT) across nodes, under `rdzv_id` (every node's agent of one
+    launch passes the same)."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={distribution.nproc_per_node}"]
     if distribution.nnodes == 1:
         command.append("--standalone")
     else:
-        endpoint = distribution.rdzv_endpoint or f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        endpoint = rendezvous_endpoint(distribution)
         command += [f"--nnodes={distribution.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}"]
+        command += [f"--rdzv_id={rdzv_id}"] if rdzv_id else []
     return [*command, "-m", "entrypoint.training.worker", *worker_args]
 
 

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 
 from entrypoint.errors import EXIT_INTERRUPTED
 from entrypoint.store import Store
-from entrypoint.store.checkpoint import CheckpointError
+from entrypoint.store.checkpoint import CheckpointError, Nodes
 from entrypoint.store.committer import Committer
+from entrypoint.training.distributed import node_count, node_rank
 from entrypoint.training.memory import PeakMemory
 from entrypoint.training.paramcheck import ParameterCheck
 from jobspec.plan import AUTO_FIRST_MINUTES, planned_steps, young_daly_minutes
@@ -243,6 +245,15 @@ class StoreCheckpointCallback(TrainerCallback):
             f"-> every {self.interval_minutes:.1f} min (sqrt(2 x C x MTBF))"
         )
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if _distributed() and node_count() > 1:
+            # One id per launch, from rank 0: a node's report of a step is told apart from one an earlier
+            # launch left in the same step folder. A collective, so here in the main thread, never in a
+            # commit's background thread.
+            launch = [uuid.uuid4().hex if state.is_world_process_zero else None]
+            torch.distributed.broadcast_object_list(launch, src=0)
+            self.committer.nodes = Nodes(node=node_rank(), count=node_count(), launch_id=launch[0])
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.interval is not None:
             self._retune()
@@ -261,7 +272,7 @@ class StoreCheckpointCallback(TrainerCallback):
             save, stop, failing = bool(flags[0]), bool(flags[1]), bool(flags[2])
         if failing:
             self.committer.raise_if_failing()  # the committing rank, with the store's error
-            raise CheckpointError("checkpoint commits keep failing on rank 0; stopping with it")
+            raise CheckpointError("checkpoint commits keep failing on another node; stopping with it")
         if save:
             control.should_save = True
         if stop:
@@ -278,7 +289,7 @@ class StoreCheckpointCallback(TrainerCallback):
         self.last_commit = saved_at  # on every rank, so the minutes interval stays in step
         if _distributed():
             torch.distributed.barrier()  # every rank has written its files (e.g. rng_state_<rank>.pth)
-        if not state.is_world_process_zero:
+        if not state.is_local_process_zero:  # one committer per node: its ranks' files share its disk
             return
         asked_at = self._save_asked_at or saved_at
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"

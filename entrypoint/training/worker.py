@@ -4,18 +4,22 @@
         [--endpoint-url URL ...]
 
 Rank 0 writes the trial's result to `trials/<trial>/train_result.json`; the launching process commits it.
-Exit code 143 when stopped by SIGTERM (checkpoint committed if the grace allowed).
+Exit code 143 when stopped by SIGTERM (checkpoint committed if the grace allowed). A rank that runs out
+of memory writes the trial's result as invalid instead and exits 1, which makes torchrun stop the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from entrypoint.context import subprocess_context
-from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
+from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import dumps, worker_result_key
 from entrypoint.phases import train
-from entrypoint.training.distributed import rank
+from entrypoint.store import ObjectExists
+from entrypoint.training.distributed import node_rank, rank
+from entrypoint.training.memory import is_oom
 from jobspec.experiments import resolve_trials
 
 
@@ -33,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         log(f"rentune: {exc}")
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        return _out_of_memory(ctx, trial_id, me, exc)
     if me == 0:
         ctx.store.put_bytes(worker_result_key(trial_id), dumps(result))
     import torch.distributed as dist
@@ -41,6 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+def _out_of_memory(ctx, trial_id: str, me: int, exc: BaseException) -> int:
+    """This rank ran out of memory: record the trial as invalid (the first rank to say so wins) and exit
+    non-zero, so that torchrun stops the other ranks (blocked in a collective without this one) on every
+    node. The launching process reads the record and goes on with the next trial."""
+    reason = f"out of memory on rank {me} (node {node_rank()}): {exc}"
+    print(f"rentune: {reason}", flush=True)
+    record = {"status": "invalid", "reason": reason, "evaluable": False}
+    with contextlib.suppress(ObjectExists):
+        ctx.store.put_if_absent(worker_result_key(trial_id), dumps(record))
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":
