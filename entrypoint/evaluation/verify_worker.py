@@ -12,9 +12,11 @@ Exit code 0 when the record was written, 1 with the reason on stderr otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import load, load_file
@@ -26,10 +28,35 @@ from entrypoint.store import ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, find_latest
 
 WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors")
+SHARD_INDEX = "model.safetensors.index.json"  # a full fine-tune saved in shards: model-0000x-of-0000y
 
 
 class VerifyError(RuntimeError):
     pass
+
+
+def weight_files(folder: Path) -> list[str]:
+    """The safetensors files holding a saved model's weights: the adapter, the single model file, or every
+    shard its index names (VerifyError if one is missing). Empty if the folder has none of them."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return [name]
+    index = folder / SHARD_INDEX
+    if not index.is_file():
+        return []
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise VerifyError(f"{index}: expected a JSON object with a weight_map ({exc})") from None
+    missing = [name for name in shards if not (folder / name).is_file()]
+    if missing:
+        raise VerifyError(f"{index} names shards that are not in {folder}: {', '.join(missing)}")
+    return shards
+
+
+def load_weights(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of `names` (weight_files) under `folder`, in one dict."""
+    return {key: tensor for name in names for key, tensor in load_file(folder / name).items()}
 
 
 def verify(ctx: PhaseContext, trial_id: str, log) -> dict:
@@ -45,17 +72,20 @@ def verify(ctx: PhaseContext, trial_id: str, log) -> dict:
             f"trial {trial_id}: the newest verified checkpoint is step {found.step}, training ended at "
             f"step {record['steps']}"
         )
-    names = [n for n in WEIGHT_FILES if (found.folder / n).is_file()]
+    names = weight_files(found.folder)
     if not names:
-        raise VerifyError(f"trial {trial_id}: checkpoint step {found.step} holds no {' or '.join(WEIGHT_FILES)}")
+        raise VerifyError(
+            f"trial {trial_id}: checkpoint step {found.step} holds no {' or '.join(WEIGHT_FILES)} and no {SHARD_INDEX}"
+        )
     try:
-        final = load(ctx.store.get_bytes(f"trials/{trial_id}/final/{names[0]}"))
-    except ObjectNotFound:
-        raise VerifyError(f"trial {trial_id}: final/{names[0]} is missing from the store") from None
-    checkpoint = load_file(found.folder / names[0])
+        stored = [load(ctx.store.get_bytes(f"trials/{trial_id}/final/{name}")) for name in names]
+    except ObjectNotFound as exc:
+        raise VerifyError(f"trial {trial_id}: a weight file of final/ is missing from the store ({exc})") from None
+    final = {key: tensor for part in stored for key, tensor in part.items()}
+    checkpoint = load_weights(found.folder, names)
     same = final.keys() == checkpoint.keys() and all(torch.equal(final[k], checkpoint[k]) for k in final)
     if not same:
-        raise VerifyError(f"trial {trial_id}: final/{names[0]} differs from checkpoint step {found.step}'s weights")
+        raise VerifyError(f"trial {trial_id}: final/{names[0]}... differs from checkpoint step {found.step}'s weights")
 
     kind, labels = ctx.kind, ctx.labels
     model = kind.reload(ctx.model_dir, found.folder, labels, record["settings"]["adaptation"]["method"])

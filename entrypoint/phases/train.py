@@ -254,9 +254,7 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         else None,
         "evaluable": True,
         "world_size": trainer.args.world_size,
-        "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()}
-        if first_steps.check
-        else {"passed": None, "skipped": "ZeRO-3 partitions parameters; the probe's check covers the model"},
+        "parameter_check": {"passed": first_steps.check.done, **first_steps.check.summary()},
         "memory": _memory(ctx, trial, first_steps.peak_bytes),
         "steps": state.global_step,
         "planned_steps": state.max_steps,
@@ -343,8 +341,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         clock=ctx.clock,
         status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
     )
-    zero3 = spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3
-    first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device, check_parameters=not zero3)
+    first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
     divergence = DivergenceCallback()
     trainer = build_trainer(
         setup.model,
@@ -374,7 +371,17 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
 
 
 def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:
-    return ctx.kind.reload(ctx.model_dir, final, ctx.labels, setup.spec.adaptation.method)
+    """The saved weights, loaded whole by this rank alone. Under ZeRO-3 the Trainer leaves transformers'
+    DeepSpeed config set, and from_pretrained would then partition the model as it builds it: collectives
+    the other ranks, done with training, never join. It is unset meanwhile."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    held = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        return ctx.kind.reload(ctx.model_dir, final, ctx.labels, setup.spec.adaptation.method)
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = held
 
 
 def _memory(ctx: PhaseContext, trial: Trial, peak: int | None) -> dict:

@@ -5,6 +5,10 @@ Declared trainable: for LoRA, the adapter matrices (`lora_`) and the copies peft
 first optimizer steps every declared parameter must have changed and every other one must be
 bit-identical. LoRA's B matrices start at zero, so the A matrices get no gradient in the first step:
 a declared parameter may take up to `GRACE_STEPS` updates to move.
+
+Under DeepSpeed ZeRO-3 each rank holds a slice of every parameter: each one is gathered whole for its
+fingerprint (one at a time, so memory never holds more than one full parameter beyond the shards),
+and every rank checks the same full values.
 """
 
 from __future__ import annotations
@@ -33,13 +37,28 @@ def _fingerprint(tensor: torch.Tensor) -> str:
     return hashlib.sha256(data.tobytes()).hexdigest()
 
 
+def _fingerprints(model: torch.nn.Module) -> dict[str, str]:
+    """name -> fingerprint of every parameter; a ZeRO-3 partitioned one (it has `ds_id`) gathered first.
+    Under ZeRO-3 every rank must call this (the gathers are collectives), in the same order."""
+    out = {}
+    for name, param in model.named_parameters():
+        if hasattr(param, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                out[name] = _fingerprint(param)
+        else:
+            out[name] = _fingerprint(param)
+    return out
+
+
 class ParameterCheck:
     """`ParameterCheck(model, method)` fingerprints every parameter; call `after_update(model, step)` after
     each of the first optimizer steps. Raises ParameterCheckError on a violation; `done` once all passed."""
 
     def __init__(self, model: torch.nn.Module, method: str):
         self.method = method
-        self.before = {name: _fingerprint(p) for name, p in model.named_parameters()}
+        self.before = _fingerprints(model)
         declared = {name for name in self.before if declared_trainable(name, method)}
         if not declared:
             raise ParameterCheckError("no parameter is declared trainable; check adaptation.target_modules")
@@ -55,15 +74,13 @@ class ParameterCheck:
     def after_update(self, model: torch.nn.Module, step: int) -> None:
         if self.done:
             return
-        now = {name: p for name, p in model.named_parameters()}
-        moved_frozen = sorted(
-            n for n in self.before if n not in self.declared and _fingerprint(now[n]) != self.before[n]
-        )
+        now = _fingerprints(model)
+        moved_frozen = sorted(n for n in self.before if n not in self.declared and now[n] != self.before[n])
         if moved_frozen:
             raise ParameterCheckError(
                 f"step {step}: {len(moved_frozen)} parameter(s) that should be frozen changed: {moved_frozen[:5]}"
             )
-        self.pending = {n for n in self.pending if _fingerprint(now[n]) == self.before[n]}
+        self.pending = {n for n in self.pending if now[n] == self.before[n]}
         if not self.pending:
             self.done = True
         elif step >= GRACE_STEPS:

@@ -319,10 +319,8 @@ class FirstStepsCallback(TrainerCallback):
     """Over the first `steps` optimizer steps of this process: the parameter check after each update (a
     violation stops training) and the peak memory, to compare with the probe's prediction."""
 
-    def __init__(self, method: str, device, steps: int = 10, check_parameters: bool = True):
+    def __init__(self, method: str, device, steps: int = 10):
         self.method, self.device, self.steps = method, device, steps
-        # ZeRO-3 partitions parameters: a rank holds an empty placeholder, so there is nothing to compare.
-        self.check_parameters = check_parameters
         self.check: ParameterCheck | None = None
         self.peak: PeakMemory | None = None
         self.seen = 0
@@ -331,8 +329,7 @@ class FirstStepsCallback(TrainerCallback):
         self.peak_bytes: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.check_parameters:
-            self.check = ParameterCheck(model, self.method)
+        self.check = ParameterCheck(model, self.method)
         self.peak = PeakMemory(self.device).__enter__()
 
     def on_step_begin(self, args, state, control, lr_scheduler=None, **kwargs):

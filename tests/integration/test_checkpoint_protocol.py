@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.store import PrefixedStore
+from entrypoint.store import PrefixedStore, StoreError
 from entrypoint.store.checkpoint import (
     MANIFEST,
     CheckpointError,
+    Nodes,
     commit_checkpoint,
     find_latest,
     list_steps,
@@ -272,3 +273,80 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_skipped_and_writes_nothi
     assert find_latest(store, PREFIX, tmp_path / "dl" / "deep", log).step == 10
     assert "unsafe file name" in lines[0]
     assert not Path("/tmp/escaped-by-manifest").exists() and not (tmp_path / "dl" / "escaped").exists()
+
+
+# Across nodes: each node commits its own files into the step folder and reports them; node 0 writes the
+# one manifest after every report of the same launch.
+
+
+def _node_files(folder: Path, node: int, step: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / f"rng_state_{node}.pth").write_bytes(random.Random(node * 1000 + step).randbytes(512))
+    if node == 0:
+        _files(folder, step)
+    return folder
+
+
+def _in_thread(fn) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_node_zero_waits_for_every_node_and_lists_every_rank_file(store, tmp_path):
+    launch = "launch-a"
+    nodes = [Nodes(node=k, count=3, launch_id=launch, wait_s=60) for k in range(3)]
+    folders = [_node_files(tmp_path / f"node-{k}", k, 10) for k in range(3)]
+    lead, out = _in_thread(lambda: commit_checkpoint(store, PREFIX, 10, folders[0], META, nodes=nodes[0]))
+    for k in (2, 1):  # node 0 is already waiting; the others report in any order
+        report = commit_checkpoint(store, PREFIX, 10, folders[k], META, nodes=nodes[k])
+        assert set(report["files"]) == {f"rng_state_{k}.pth"} and report["launch_id"] == launch
+        assert store.head(f"{PREFIX}/step-00000010/{MANIFEST}") is None or k == 1
+    lead.join(timeout=60)
+    manifest = out["value"]
+    assert {f"rng_state_{k}.pth" for k in range(3)} | {"adapter_model.safetensors"} <= set(manifest["files"])
+    found = find_latest(store, PREFIX, tmp_path / "dl", lambda line: None)
+    assert (
+        found.step == 10
+        and (found.folder / "rng_state_2.pth").read_bytes() == (folders[2] / "rng_state_2.pth").read_bytes()
+    )
+
+
+def test_a_report_of_an_earlier_launch_does_not_count(store, tmp_path):
+    old = Nodes(node=1, count=2, launch_id="earlier")
+    commit_checkpoint(store, PREFIX, 10, _node_files(tmp_path / "old-1", 1, 10), META, nodes=old)
+    lead = Nodes(node=0, count=2, launch_id="now", wait_s=1.0)
+    with pytest.raises(CheckpointError, match="node 1 did not report"):
+        commit_checkpoint(store, PREFIX, 10, _node_files(tmp_path / "node-0", 0, 10), META, nodes=lead)
+    assert store.head(f"{PREFIX}/step-00000010/{MANIFEST}") is None  # no manifest: the step does not exist
+
+
+def test_a_node_that_cannot_upload_fails_node_zeros_commit_with_its_error(file_store, tmp_path, monkeypatch):
+    def full(key, path):
+        raise StoreError(f"{key}: no space left on device (injected)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(file_store, "put_file", full)
+        with pytest.raises(StoreError, match="no space left"):
+            nodes = Nodes(node=1, count=2, launch_id="x")
+            commit_checkpoint(file_store, PREFIX, 10, _node_files(tmp_path / "node-1", 1, 10), META, nodes=nodes)
+    lead = Nodes(node=0, count=2, launch_id="x", wait_s=30)
+    with pytest.raises(CheckpointError, match="node 1 could not commit its files: StoreError: .*no space left"):
+        commit_checkpoint(file_store, PREFIX, 10, _node_files(tmp_path / "node-0", 0, 10), META, nodes=lead)
+
+
+def test_two_nodes_holding_one_file_with_different_bytes_is_refused(store, tmp_path):
+    other = _node_files(tmp_path / "node-1", 1, 10)
+    (other / "trainer_state.json").write_text('{"global_step": 999}')  # node 0 holds it too, differently
+    commit_checkpoint(store, PREFIX, 10, other, META, nodes=Nodes(node=1, count=2, launch_id="x"))
+    lead = Nodes(node=0, count=2, launch_id="x", wait_s=30)
+    with pytest.raises(CheckpointError, match="node 1 wrote a different trainer_state.json"):
+        commit_checkpoint(store, PREFIX, 10, _node_files(tmp_path / "node-0", 0, 10), META, nodes=lead)

@@ -57,8 +57,9 @@ def _start(spec: Path, workdir: Path) -> subprocess.Popen:
     [
         {"strategy": "ddp", "nproc_per_node": 2},
         {"strategy": "deepspeed", "nproc_per_node": 2, "zero_stage": 2},
+        {"strategy": "deepspeed", "nproc_per_node": 2, "zero_stage": 3},
     ],
-    ids=["ddp", "deepspeed-zero2"],
+    ids=["ddp", "deepspeed-zero2", "deepspeed-zero3"],
 )
 def test_two_processes_checkpoint_stop_and_resume_in_a_fresh_launch(tmp_path, bert, distribution):
     spec = _spec(tmp_path, bert, distribution)
@@ -85,3 +86,62 @@ def test_two_processes_checkpoint_stop_and_resume_in_a_fresh_launch(tmp_path, be
     assert result["world_size"] == 2 and result["launcher"] == "torchrun"
     assert result["resumed_from_step"] == stopped_at["step"] and result["steps"] == 150
     assert (tmp_path / "store/jobs/dist/trials/main/final/adapter_model.safetensors").exists()
+
+
+# Loaded by every Python process started with this folder on PYTHONPATH: rank 1 of a torchrun launch runs
+# out of memory on any microbatch of 8 (a CUDA OOM, as torch raises it), the other rank does not.
+_OOM_ON_RANK_1 = """
+import os
+
+if os.environ.get("RANK") == "1":
+    import torch
+    import transformers
+
+    _step = transformers.Trainer.training_step
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        if inputs["input_ids"].shape[0] >= 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
+        return _step(self, model, inputs, *args, **kwargs)
+
+    transformers.Trainer.training_step = training_step
+"""
+
+
+def test_a_rank_out_of_memory_under_torchrun_records_the_trial_invalid_and_the_next_trial_runs(tmp_path, bert):
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_OOM_ON_RANK_1)
+    spec = tiny_job(
+        "oom",
+        bert,
+        training={"max_steps": 12, "microbatch": 8, "checkpoint": {"every_steps": 5, "grace_seconds": 20}},
+        distribution={"strategy": "ddp", "nproc_per_node": 2},
+        store={"uri": f"file://{tmp_path / 'store'}"},
+        experiments=[
+            {
+                "id": "half-batch",
+                "changes": ["training.microbatch", "training.grad_accum"],
+                "rationale": "the same examples per step in microbatches that fit",
+                "training": {"microbatch": 4, "grad_accum": 2},
+            }
+        ],
+    )
+    path = write_spec(tmp_path / "spec.yaml", spec)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(inject), str(ROOT)])}
+    done = subprocess.run(
+        [RENTUNE, "run", str(path), "--workdir", str(tmp_path / "work"), "--until", "train"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    trials = tmp_path / "store/jobs/oom/trials"
+    main = json.loads((trials / "main/result.json").read_text())
+    assert main["status"] == "invalid" and main["evaluable"] is False
+    assert main["reason"].startswith("out of memory on rank 1") and "injected by the test" in main["reason"]
+    assert main["launcher"] == "torchrun"
+    variant = json.loads((trials / "half-batch/result.json").read_text())
+    assert variant["status"] == "completed" and variant["steps"] == 12 and variant["world_size"] == 2

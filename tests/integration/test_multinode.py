@@ -64,6 +64,9 @@ class TwoNodes:
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
             "RENTUNE_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}",  # new nodes, new endpoint: the spec is frozen
+            # Two "nodes" share this machine's cores: one thread each, as torchrun sets for several
+            # processes on one node (with a whole core count each, DeepSpeed's steps crawl here).
+            "OMP_NUM_THREADS": "1",
         }
         self.procs = []
         for node in (0, 1):

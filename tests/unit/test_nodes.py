@@ -1,0 +1,57 @@
+"""A node other than 0 follows the lead through the store: when it stops waiting, and why (the torchrun
+launches it joins are tested with real processes in tests/integration/test_multinode.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from entrypoint.job.state import dumps, job_store, phase_result_key
+from entrypoint.store import open_store
+from entrypoint.training.nodes import LAUNCH_KEY, LeadStopped, announce_launch, follow_lead
+
+
+def _follow(root, tmp_path, lines, wait_s=30.0):
+    follow_lead(root, "j", 1, tmp_path / "work", ("--store", root.uri), lines.append, lead_wait_s=wait_s, poll_s=0.01)
+
+
+def test_exits_cleanly_once_training_is_committed(tmp_path):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    store = job_store(root, "j")
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
+    lines: list[str] = []
+    threading.Timer(0.3, lambda: store.put_bytes(phase_result_key("train"), dumps({}))).start()
+    _follow(root, tmp_path, lines)
+    assert lines[-1] == "node 1: training is done; the lead node runs the remaining phases. Exiting."
+
+
+def test_stops_when_the_leads_attempt_ends_first_but_not_for_an_attempt_that_ended_before_it_started(tmp_path):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    store = job_store(root, "j")
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
+    store.put_bytes("attempts/1/ended.json", dumps({"outcome": "interrupted", "error": "SIGTERM"}))
+
+    def lead_restarts_then_fails():  # attempt 1 ended before this node started: it waits for attempt 2
+        time.sleep(0.3)
+        store.put_bytes("attempts/2/started.json", dumps({"started_at": 1}))
+        time.sleep(0.3)
+        store.put_bytes("attempts/2/ended.json", dumps({"outcome": "error", "error": "RuntimeError: boom"}))
+
+    threading.Thread(target=lead_restarts_then_fails).start()
+    with pytest.raises(LeadStopped, match="attempt 2 ended error before training was done .RuntimeError: boom"):
+        _follow(root, tmp_path, [])
+
+
+def test_gives_up_when_no_lead_attempt_starts(tmp_path):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    with pytest.raises(LeadStopped, match="no attempt of the lead node started within 0 s"):
+        _follow(root, tmp_path, [], wait_s=0.2)
+
+
+def test_a_launch_names_its_trial_attempt_and_a_fresh_id(tmp_path):
+    store = job_store(open_store(f"file://{tmp_path / 'store'}"), "j")
+    first, second = announce_launch(store, "main", 3), announce_launch(store, "main", 3)
+    assert first != second
+    assert store.get_bytes(LAUNCH_KEY) and b'"attempt": 3' in store.get_bytes(LAUNCH_KEY)
