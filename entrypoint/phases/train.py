@@ -17,7 +17,9 @@ phase to check against.
 
 from __future__ import annotations
 
+import fcntl
 import gc
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,6 @@ from entrypoint.training.distributed import (
     is_worker,
     needs_launch,
     node_rank,
-    rank,
     run_torchrun,
     torchrun_command,
 )
@@ -304,12 +305,32 @@ def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
     return _Setup(spec, processor, model, features, eval_rows, eval_features, adaptation, meta, out)
 
 
+def _download_once_per_node(ctx: PhaseContext, trial: Trial, out: Path) -> Checkpoint | None:
+    """The newest committed checkpoint that verifies (or None), downloaded once per node: the first of
+    this node's ranks to take the lock downloads and records what it found in `out/resume/FOUND.json`;
+    the others read that record and share the folder. `out` is fresh for each launch (the launching
+    process empties the workers' scratch), so a record never outlives its launch."""
+    out.mkdir(parents=True, exist_ok=True)
+    folder, found = out / "resume", out / "resume" / "FOUND.json"
+    with open(out / "resume.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if found.is_file():
+            record = json.loads(found.read_text())
+            if record["step"] is None:
+                return None
+            return Checkpoint(step=record["step"], folder=Path(record["folder"]), manifest=record["manifest"])
+        shutil.rmtree(folder, ignore_errors=True)
+        resume = find_latest(ctx.store, checkpoint_prefix(trial.id), folder, ctx.log)
+        folder.mkdir(exist_ok=True)
+        record = {"step": None} if resume is None else {"step": resume.step, "folder": str(resume.folder)}
+        found.write_text(json.dumps({**record, "manifest": resume.manifest if resume else None}))
+        return resume
+
+
 def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Checkpoint | None, dict | None]:
     """The newest committed checkpoint that verifies and belongs to this job (or None), and the platform
     change since it was written (or None)."""
-    resume_dir = setup.out / f"resume-rank{rank()}"
-    shutil.rmtree(resume_dir, ignore_errors=True)
-    resume = find_latest(ctx.store, checkpoint_prefix(trial.id), resume_dir, ctx.log)
+    resume = _download_once_per_node(ctx, trial, setup.out)
     if resume is None:
         return None, None
     for field in ("spec_sha256", "data_version", "base_model_sha256"):

@@ -17,6 +17,7 @@ trial's result to the store, where the lead reads it.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 import uuid
@@ -93,6 +94,8 @@ def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop) ->
             if time.monotonic() - waiting_since > lead_wait_s:
                 raise LeadStopped(f"node {node}: no attempt of the lead node started within {lead_wait_s:.0f} s")
         elif (ended := _ended(store, current)) is not None:
+            if store.head(phase_result_key("train")) is not None:  # committed just before the attempt ended
+                continue
             raise LeadStopped(
                 f"node {node}: the lead node's attempt {current} ended {ended.get('outcome')} before training "
                 f"was done ({ended.get('error')}); start this node again with the lead"
@@ -119,6 +122,7 @@ def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log)
     spec = stored_spec(store).spec
     trial = launch["trial"]
     args = [*store_args, "--workdir", str(workdir / "workers"), "--trial", trial]
+    shutil.rmtree(workdir / "workers", ignore_errors=True)  # the workers' scratch is fresh for each launch
     log(f"node {node}: joining the lead's launch {launch['launch']} (trial {trial})")
     code, terminated = run_torchrun(
         torchrun_command(spec.distribution, args, rdzv_id=launch["launch"]),

@@ -10,6 +10,7 @@ import pytest
 
 from entrypoint.job.state import dumps, job_store, phase_result_key
 from entrypoint.store import open_store
+from entrypoint.training import nodes
 from entrypoint.training.nodes import LAUNCH_KEY, LeadStopped, announce_launch, follow_lead
 
 
@@ -55,3 +56,24 @@ def test_a_launch_names_its_trial_attempt_and_a_fresh_id(tmp_path):
     first, second = announce_launch(store, "main", 3), announce_launch(store, "main", 3)
     assert first != second
     assert store.get_bytes(LAUNCH_KEY) and b'"attempt": 3' in store.get_bytes(LAUNCH_KEY)
+
+
+def test_training_committed_between_two_looks_is_done_not_a_stopped_lead(tmp_path, monkeypatch):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    store = job_store(root, "j")
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
+    ended, looks = nodes._ended, []
+
+    def lead_finishes_meanwhile(store_, attempt):
+        looks.append(attempt)
+        if len(looks) == 2:  # the first look is at start-up; the second, in the loop, after the train check
+            # The lead commits training and ends its attempt (--until train) just after this node looked
+            # for the train phase's result and just before it looks at the attempt.
+            store.put_bytes(phase_result_key("train"), dumps({}))
+            store.put_bytes("attempts/1/ended.json", dumps({"outcome": "completed", "error": None}))
+        return ended(store_, attempt)
+
+    lines: list[str] = []
+    monkeypatch.setattr(nodes, "_ended", lead_finishes_meanwhile)
+    _follow(root, tmp_path, lines)
+    assert len(looks) >= 2 and lines[-1].startswith("node 1: training is done")
