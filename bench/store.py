@@ -6,8 +6,10 @@ checkpoint in a real `rentune run` process.
 
 Two plain boto3 baselines: "tuned" (rentune's own part size and concurrency in a TransferConfig, every file
 uploaded at once, a connection pool to match), the one to beat, and boto3's defaults, one file after the
-other. Prints ratios (rentune / plain boto3): below 1 is faster. rentune's upload also hashes every file
-(sha256, from the same read that uploads it) and confirms each object before writing the manifest; its
+other. A warm-up round is not counted; in each round the contenders take turns going first, and the
+bucket is emptied between rounds. Prints ratios (rentune / plain boto3): below 1 is faster. rentune's
+upload also hashes every file (sha256, from the same read that uploads it) and confirms each object
+before writing the manifest; its
 download verifies every hash: the ratio is the price of that safety. moto keeps objects in memory in one
 Python process, so absolute MB/s here say little about a real S3 endpoint; the ratio is what to compare.
 """
