@@ -14,8 +14,10 @@
 # stays unset in the container.
 #
 # MODELS_DIR=/path/to/models (optional) is mounted read-only at /models, for specs with
-# `model.path: /models/<name>`. The Hugging Face cache and DeepSpeed's compiled ops live in the named
-# volume rentune-cache (/cache), kept from one run to the next.
+# `model.path: /models/<name>`. Models from the bucket (`model.path: s3://...`), the Hugging Face cache
+# and DeepSpeed's compiled ops live in the named volume rentune-cache (/cache), kept from one run to the
+# next. HF_HUB_OFFLINE=0 lets a `model.hub_id` be downloaded at its pinned revision (the image's default
+# is 1: no hub downloads).
 #
 # The container uses the host's network (NETWORK=host, the default): torchrun's rendezvous and NCCL/RCCL
 # between nodes need the host's interfaces, and checkpoint uploads skip docker's NAT. NETWORK=bridge (or
@@ -104,6 +106,7 @@ cmd=(
   --env AWS_DEFAULT_REGION
   --env AWS_MAX_ATTEMPTS
   --env RENTUNE_S3_ADDRESSING_STYLE
+  --env HF_HUB_OFFLINE
   "${digest_args[@]}"
   --volume rentune-cache:/cache
   "${models_args[@]}"

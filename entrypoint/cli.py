@@ -372,6 +372,31 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     )
 
 
+@main.command("push-model")
+@click.argument("folder", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("uri")
+@click.option("--endpoint-url", help="S3-compatible endpoint (MinIO, R2, ...); default: $AWS_ENDPOINT_URL.")
+@click.option("--region")
+@click.option("--addressing-style", type=click.Choice(["auto", "path", "virtual"]))
+def push_model(folder: Path, uri: str, endpoint_url, region, addressing_style) -> None:
+    """Upload the model FOLDER to URI (s3://bucket/prefix) with a manifest of every file's size and
+    sha256 (written last), for specs to use as model.path: URI. Never overwrites another model there."""
+    from entrypoint.store.models import push_model as push
+    from entrypoint.store.s3 import S3Store
+    from entrypoint.training.model import resolve_model_dir
+    from jobspec.schema import MODEL_URI, Model
+
+    if not MODEL_URI.fullmatch(uri):
+        click.echo(f"push-model: {uri}: expected s3://bucket/prefix (a lowercase bucket name and a folder)", err=True)
+        sys.exit(EXIT_INVALID)
+    with _exits():
+        resolve_model_dir(Model(path=str(folder)))  # the checks a job makes: config.json, safetensors, no code
+        options = {"endpoint_url": endpoint_url, "region": region, "addressing_style": addressing_style}
+        store = S3Store.from_uri(uri.rstrip("/"), **options)
+        manifest = push(store, folder.resolve(), _log)
+    click.echo(f"OK {uri}: base model sha256 {manifest['base_model_sha256'][:16]}...; use model.path: {uri}")
+
+
 @main.command()
 def env() -> None:
     """Print the detected backend (CUDA, ROCm or CPU) and the versions rentune would record."""

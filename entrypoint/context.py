@@ -45,7 +45,7 @@ class PhaseContext:
     @functools.cached_property
     def model_dir(self) -> Path:
         """The base model's local folder (model.path, model.package or the hub cache)."""
-        return resolve_model_dir(self.spec.model)
+        return resolve_model_dir(self.spec.model, self.spec.store, self.log)
 
     def read_json(self, key: str) -> Any:
         return read_json(self.store, key)

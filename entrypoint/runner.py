@@ -30,7 +30,7 @@ from entrypoint.training.device import preflight
 from entrypoint.training.environment import environment
 from jobspec.load import LoadedSpec
 
-__all__ = ["PHASES", "JobOutcome", "PlanDoesNotFit", "run_job", "store_args"]
+__all__ = ["PHASES", "JobOutcome", "PlanDoesNotFit", "check_base_model", "run_job", "store_args"]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
@@ -118,12 +118,16 @@ def run_job(
     previous_handler = _stop_on_sigterm()
     try:
         preflight(spec.training)
+        model_checked = False
         for name, phase in PHASES:
             if store.head(phase_result_key(name)) is not None:
                 log(f"{name}: already committed, skipping")
                 skipped.append(name)
             else:
                 outcome["phase"] = name
+                if name != "data" and not model_checked:  # before the first phase here that uses the model
+                    check_base_model(ctx)
+                    model_checked = True
                 _run_phase(ctx, name, phase)
                 ran.append(name)
             if name == until:
@@ -183,6 +187,34 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
     if name in ("data", "probe"):  # new measurements: training examples, step time
         _store_plan(ctx)
+
+
+BASE_MODEL_KEY = "base_model.json"  # the base model's hashes, recorded by the job's first use of it
+
+
+def check_base_model(ctx: PhaseContext) -> None:
+    """This node's copy of the base model must be the one the job started with: record its sha256 (and
+    each file's) at the first use, compare at every later one. A copy that differs raises ModelMismatch
+    (exit 3) naming the files, before any phase runs on it."""
+    from entrypoint.store.models import ModelMismatch
+    from entrypoint.training.model import hash_base_model
+
+    mine = hash_base_model(ctx.model_dir)
+    record = {"sha256": mine.sha256, "files": mine.files, "source": ctx.spec.model.model_dump(exclude_none=True)}
+    try:
+        ctx.store.put_if_absent(BASE_MODEL_KEY, dumps(record))
+        return
+    except ObjectExists:
+        recorded = ctx.read_json(BASE_MODEL_KEY)
+    if recorded.get("sha256") == mine.sha256:
+        return
+    theirs = recorded.get("files") or {}
+    differ = sorted(n for n in set(theirs) | set(mine.files) if theirs.get(n) != mine.files.get(n))
+    raise ModelMismatch(
+        f"model: this node's copy of the base model ({ctx.model_dir}, sha256 {mine.sha256[:16]}...) is not the "
+        f"one job {ctx.spec.job.id} started with (sha256 {str(recorded.get('sha256'))[:16]}...); files that "
+        f"differ: {', '.join(differ[:10])}. Refusing to go on with it: restore that copy of the model"
+    )
 
 
 def _store_plan(ctx: PhaseContext) -> None:

@@ -42,6 +42,10 @@ DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
+# A model folder in a bucket: S3 bucket naming rules, then a non-empty prefix (a trailing / allowed).
+MODEL_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/\s][^\s]*?/?")
+
+
 def _local_or_store_path(value: str) -> str:
     """A data or model location: a local path without `..` segments, or an s3:// URI."""
     if not value.strip():
@@ -196,7 +200,11 @@ class Experiment(_Section):
 
 
 class Model(_Section):
-    path: PathStr | None = Field(None, description="Local folder with config.json and *.safetensors.")
+    path: PathStr | None = Field(
+        None,
+        description="Local folder with config.json and *.safetensors, or s3://bucket/prefix: a folder uploaded "
+        "with `rentune push-model`, downloaded and verified on each node.",
+    )
     package: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
@@ -221,6 +229,11 @@ class Model(_Section):
             raise ValueError("expected exactly one of model.path, model.package or model.hub_id")
         if self.hub_id is not None and not re.fullmatch(r"[0-9a-f]{40}", self.revision):
             raise ValueError("expected model.revision to be the 40-hex commit the hub_id is pinned to")
+        if self.path is not None and self.path.startswith("s3:") and not MODEL_URI.fullmatch(self.path):
+            raise ValueError(
+                f"model.path: {self.path}: expected s3://bucket/prefix (a lowercase bucket name and a folder "
+                "in it, as `rentune push-model DIR s3://bucket/prefix` wrote it)"
+            )
         return self
 
 

@@ -171,7 +171,7 @@ class CausalLM:
 
             from entrypoint.training.model import resolve_model_dir
 
-            folder = resolve_model_dir(self.spec.model)
+            folder = resolve_model_dir(self.spec.model, self.spec.store)
             template = ChatTemplate(prepare_tokenizer(AutoTokenizer.from_pretrained(folder)), data.chat_template)
         return {
             "decoding": decoding(max_new_tokens, [template.end_of_turn]),

@@ -44,6 +44,7 @@ __all__ = [
     "list_steps",
     "node_report_key",
     "rotate",
+    "upload_files",
 ]
 
 MANIFEST = "MANIFEST.json"
@@ -121,7 +122,7 @@ def commit_checkpoint(
         return _same_or_refuse(store, key, step, files, all_files=nodes is None or nodes.count == 1)
     if nodes is not None and not nodes.lead:
         return _commit_node_files(store, prefix, step, paths, threads, nodes)
-    files = _upload(store, key, paths, threads)
+    files = upload_files(store, key, paths, threads)
     if nodes is not None and nodes.count > 1:
         files = _gather(store, prefix, step, files, nodes)
     manifest = {"version": MANIFEST_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
@@ -133,12 +134,12 @@ def commit_checkpoint(
     return manifest
 
 
-def _upload(store: Store, key: str, paths: dict[str, Path], threads: int) -> dict:
+def upload_files(store: Store, key: str, paths: dict[str, Path], threads: int) -> dict:
     """Upload `paths` (name -> local file) under `key`, largest first, and confirm each; name -> size, sha256."""
     sizes = {name: p.stat().st_size for name, p in paths.items()}  # the Trainer is done writing: final
 
     def upload(name: str) -> tuple[str, dict]:
-        sha256 = store.put_file(join_key(key, name), paths[name])
+        sha256 = store.put_file(join_key(key, name) if key else name, paths[name])
         if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol
             raise CheckpointError(f"{key}/{name}: the store's put_file returned {sha256!r}, not a sha256")
         return name, {"size": sizes[name], "sha256": sha256}
@@ -147,7 +148,7 @@ def _upload(store: Store, key: str, paths: dict[str, Path], threads: int) -> dic
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths))), thread_name_prefix="upload") as pool:
         files = dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
     for name, info in files.items():
-        seen = store.head(join_key(key, name))
+        seen = store.head(join_key(key, name) if key else name)
         if seen is None or seen.size != info["size"]:
             raise CheckpointError(f"{key}/{name}: upload not confirmed (expected {info['size']} bytes, saw {seen})")
     return files
@@ -159,7 +160,7 @@ def _commit_node_files(
     """A node other than 0: upload and confirm its files, then report them (or why it could not) to node 0."""
     report: dict = {"node": nodes.node, "launch_id": nodes.launch_id, "step": step}
     try:
-        report["files"] = _upload(store, _step_key(prefix, step), paths, threads)
+        report["files"] = upload_files(store, _step_key(prefix, step), paths, threads)
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(StoreError):  # best effort: the store may be what fails

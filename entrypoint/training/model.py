@@ -6,10 +6,12 @@ may come from a queue, and neither pickle files nor repository code run here.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.util
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 from entrypoint.errors import InvalidInput
 from entrypoint.store.hashing import file_sha256
 from jobspec.schema import Adaptation, Model
+from jobspec.schema import Store as StoreOptions
 
 __all__ = [
     "SAFE_LOADING",
@@ -45,19 +48,65 @@ class ModelError(InvalidInput):
     """The base model cannot be used as specified; the message names the spec field."""
 
 
-def resolve_model_dir(model: Model) -> Path:
-    """The local folder holding the base model, from `model.path` or `model.package`."""
-    if model.hub_id is not None:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
+# What a model download takes from the hub: configs, tokenizer files and safetensors weights, never pickles.
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 
-        try:  # the local hub cache only: a node never downloads at run time
-            folder = Path(snapshot_download(model.hub_id, revision=model.revision, local_files_only=True))
-        except (LocalEntryNotFoundError, FileNotFoundError):
-            raise ModelError(
-                f"model.hub_id: {model.hub_id} at revision {model.revision} is not in the local hub cache "
-                "(HF_HUB_CACHE); put it there before the run (e.g. in the image or a mounted volume)"
-            ) from None
+
+def _hub_snapshot(model: Model, log) -> Path:
+    """`model.hub_id` at `model.revision` (a 40-hex commit: it cannot move): downloaded into the hub cache
+    (HF_HUB_CACHE) unless HF_HUB_OFFLINE is set, else read from there. A download that cannot reach the
+    hub falls back to the cache (the commit pins the bytes either way). One process per node downloads;
+    the others wait on a lock in the cache."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    failed = None
+    if not constants.HF_HUB_OFFLINE:
+        cache = Path(constants.HF_HUB_CACHE)
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".rentune-{model.hub_id.replace('/', '--')}-{model.revision}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            started = time.monotonic()
+            try:
+                folder = Path(snapshot_download(model.hub_id, revision=model.revision, allow_patterns=HUB_FILES))
+            except Exception as exc:  # noqa: BLE001 - no network, hub down, unknown repo: say so, try the cache
+                failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                log(f"model: could not download {model.hub_id}@{model.revision[:12]} ({failed}); reading the cache")
+            else:
+                size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+                log(f"model: {model.hub_id}@{model.revision[:12]}: {size / 1e6:.1f} MB in the hub cache after "
+                    f"{time.monotonic() - started:.1f} s")  # fmt: skip
+                return folder
+    try:
+        return Path(snapshot_download(model.hub_id, revision=model.revision, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        why = f"the download failed ({failed})" if failed else "HF_HUB_OFFLINE is set"
+        raise ModelError(
+            f"model.hub_id: {model.hub_id} at revision {model.revision} is not in the local hub cache "
+            f"(HF_HUB_CACHE) and {why}; put it there before the run (e.g. in the image or a mounted "
+            "volume) or let the node download it"
+        ) from None
+
+
+def resolve_model_dir(model: Model, store_options: StoreOptions | None = None, log=print) -> Path:
+    """The local folder holding the base model: `model.path` (a local folder, or an s3:// folder pushed
+    with `rentune push-model`, downloaded into the node's cache and verified), `model.package`, or
+    `model.hub_id` at its pinned revision (downloaded when the node is online, else from the hub cache).
+    `store_options` (endpoint, region, addressing) reach the model's bucket."""
+    if model.hub_id is not None:
+        folder = _hub_snapshot(model, log)
+    elif model.path is not None and model.path.startswith("s3://"):
+        from entrypoint.store.models import fetch_model, model_cache
+        from entrypoint.store.s3 import S3Store
+
+        options = store_options or StoreOptions()
+        store = S3Store.from_uri(
+            model.path.rstrip("/"),
+            endpoint_url=options.endpoint_url,
+            region=options.region,
+            addressing_style=options.addressing_style,
+        )
+        folder = fetch_model(store, model_cache(), log)
     elif model.package is not None:
         spec = importlib.util.find_spec(model.package)
         if spec is None or spec.origin is None:

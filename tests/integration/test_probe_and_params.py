@@ -202,12 +202,32 @@ def test_hub_id_resolves_from_the_local_cache_pinned_to_a_commit(tmp_path, bert,
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(_hub_cache(tmp_path, bert, commit)))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     folder = resolve_model_dir(Model(hub_id="acme/tiny-bert", revision=commit))
     assert folder.name == commit and (folder / "model.safetensors").is_file()
-    with pytest.raises(ModelError, match="not in the local hub cache"):
+    with pytest.raises(ModelError, match="not in the local hub cache .* and HF_HUB_OFFLINE is set"):
         resolve_model_dir(Model(hub_id="acme/tiny-bert", revision="f" * 40))
     with pytest.raises(ValueError, match="40-hex commit"):
         Model(hub_id="acme/tiny-bert", revision="main")
+
+
+def test_hub_id_online_tries_the_endpoint_and_says_why_it_failed(tmp_path, bert, monkeypatch):
+    """Online (HF_HUB_OFFLINE unset), the download goes to HF_ENDPOINT: here a local port nobody listens
+    on, so it fails (after huggingface_hub's own retries, about 20 s); a commit the cache does not hold
+    either is refused, saying the download failed and why."""
+    import huggingface_hub.constants
+
+    from entrypoint.training.model import resolve_model_dir
+    from jobspec.schema import Model
+    from tests.s3server import _free_port
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(_hub_cache(tmp_path, bert, "8" * 40)))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+    lines: list[str] = []
+    with pytest.raises(ModelError, match=r"not in the local hub cache \(HF_HUB_CACHE\) and the download failed"):
+        resolve_model_dir(Model(hub_id="acme/tiny-bert", revision="e" * 40), log=lines.append)
+    assert lines[0].startswith("model: could not download acme/tiny-bert@eeeeeeeeeeee")
 
 
 def test_models_that_need_their_own_code_are_refused(tmp_path, bert):

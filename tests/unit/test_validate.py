@@ -61,6 +61,18 @@ BAD_SPECS = [
     ("eval-share-half", _with("data.split.eval", 0.6), "data.split.eval", "less than 0.5"),
     ("empty-targets", _with("adaptation.target_modules", []), "adaptation.target_modules", "at least 1"),
 ]
+_IN_BUCKET = _with("model", {"path": "s3://models-bucket/minilm/", "revision": "v1"})
+for case, path in [
+    ("model-s3-one-slash", "s3:/models-bucket/minilm"),
+    ("model-s3-no-prefix", "s3://models-bucket"),
+    ("model-s3-bad-bucket", "s3://Models_Bucket/minilm"),
+]:
+    BAD_SPECS.append((case, _with("model.path", path, _IN_BUCKET), "model", "expected s3://bucket/prefix"))
+
+
+def test_a_model_folder_in_a_bucket_is_a_valid_model_path():
+    loaded = parse_spec(yaml.safe_dump(_IN_BUCKET), source="s.yaml")
+    assert loaded.spec.model.path == "s3://models-bucket/minilm/"
 
 
 @pytest.mark.parametrize("case,spec,field,word", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
