@@ -390,7 +390,7 @@ def push_model(folder: Path, uri: str, endpoint_url, region, addressing_style) -
         click.echo(f"push-model: {uri}: expected s3://bucket/prefix (a lowercase bucket name and a folder)", err=True)
         sys.exit(EXIT_INVALID)
     with _exits():
-        resolve_model_dir(Model(path=str(folder)))  # the checks a job makes: config.json, safetensors, no code
+        resolve_model_dir(Model(path=str(folder.resolve())))  # a job's checks: config.json, safetensors, no code
         options = {"endpoint_url": endpoint_url, "region": region, "addressing_style": addressing_style}
         store = S3Store.from_uri(uri.rstrip("/"), **options)
         manifest = push(store, folder.resolve(), _log)

@@ -43,7 +43,7 @@ from entrypoint.training.distributed import (
 from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.memory import is_oom
 from entrypoint.training.model import adaptation_summary, hash_base_model
-from entrypoint.training.nodes import announce_launch
+from entrypoint.training.nodes import announce_launch, end_launch
 from entrypoint.training.trainer import (
     DivergenceCallback,
     FirstStepsCallback,
@@ -191,7 +191,11 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
     ctx.log(f"train: launching {distribution.nproc_per_node} x {distribution.nnodes} processes with torchrun")
     if launch:
         ctx.log(f"train: launch {launch}: the other {distribution.nnodes - 1} node(s) join it through the store")
-    code, terminated = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
+    try:
+        code, terminated = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
+    finally:
+        if launch:
+            end_launch(ctx.store, launch)
     if terminated or code == EXIT_INTERRUPTED:
         raise Interrupted(f"train: torchrun workers stopped on SIGTERM (exit {code}); resume continues from the store")
     try:
@@ -200,6 +204,8 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
         result = None
     if code != 0 and not (result and result.get("status") == "invalid"):  # a rank's OOM stops torchrun too
         raise RuntimeError(f"train: torchrun exited with code {code}; the workers' output above says why")
+    if result is None:
+        raise RuntimeError(f"train: torchrun exited 0 but rank 0 wrote no {worker_result_key(trial.id)}")
     return {**result, "launcher": "torchrun", "processes": distribution.nproc_per_node * distribution.nnodes}
 
 

@@ -138,19 +138,24 @@ def upload_files(store: Store, key: str, paths: dict[str, Path], threads: int) -
     """Upload `paths` (name -> local file) under `key`, largest first, and confirm each; name -> size, sha256."""
     sizes = {name: p.stat().st_size for name, p in paths.items()}  # the Trainer is done writing: final
 
+    def where(name: str) -> str:
+        return join_key(key, name) if key else name
+
     def upload(name: str) -> tuple[str, dict]:
-        sha256 = store.put_file(join_key(key, name) if key else name, paths[name])
+        sha256 = store.put_file(where(name), paths[name])
         if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol
-            raise CheckpointError(f"{key}/{name}: the store's put_file returned {sha256!r}, not a sha256")
+            raise CheckpointError(f"{store.uri}/{where(name)}: the store's put_file returned {sha256!r}, not a sha256")
         return name, {"size": sizes[name], "sha256": sha256}
 
     largest_first = sorted(paths, key=lambda name: (-sizes[name], name))
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths))), thread_name_prefix="upload") as pool:
         files = dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
     for name, info in files.items():
-        seen = store.head(join_key(key, name) if key else name)
+        seen = store.head(where(name))
         if seen is None or seen.size != info["size"]:
-            raise CheckpointError(f"{key}/{name}: upload not confirmed (expected {info['size']} bytes, saw {seen})")
+            raise CheckpointError(
+                f"{store.uri}/{where(name)}: upload not confirmed (expected {info['size']} bytes, saw {seen})"
+            )
     return files
 
 
@@ -191,6 +196,8 @@ def _gather(store: Store, prefix: str, step: int, files: dict, nodes: Nodes) -> 
             pause = min(pause * 1.5, 2.0)
         if "error" in report:
             raise CheckpointError(f"step {step}: node {node} could not commit its files: {report['error']}")
+        if not isinstance(report.get("files"), dict):
+            raise CheckpointError(f"{node_report_key(prefix, step, node)}: expected a files object or an error")
         for name, info in report["files"].items():
             if merged.setdefault(name, info) != info:
                 raise CheckpointError(f"step {step}: node {node} wrote a different {name} than another node")

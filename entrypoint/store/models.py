@@ -3,7 +3,7 @@
     push:   rentune push-model DIR s3://bucket/prefix
             upload every file (in parallel, hashed as read) -> HEAD each -> PUT MODEL_MANIFEST.json if absent
     fetch:  model.path: s3://bucket/prefix   (each node, each process start)
-            GET the manifest -> the cache folder named by the model's sha256 (RENTUNE_MODEL_CACHE)
+            GET the manifest -> the cache folder named by its files' hashes (RENTUNE_MODEL_CACHE)
             complete there? use it : download every file (in parallel) -> size + sha256 -> rename into place
 
 The manifest lists every file's size and sha256 and the base model's sha256 (the same definition as
@@ -56,6 +56,7 @@ def push_model(store: Store, folder: Path, log: Callable[[str], None]) -> dict:
     """Upload the model folder `folder` to `store` (its root is the model's prefix), manifest last.
     Returns the manifest. Raises ModelMismatch if the prefix already holds a different model."""
     paths = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    paths.pop(MODEL_MANIFEST, None)  # a folder from a node's cache carries the manifest it was fetched with
     if store.head(MODEL_MANIFEST) is not None:
         return _same_or_refuse(store, paths, log)
     started = time.monotonic()
@@ -100,17 +101,23 @@ def fetch_model(store: Store, cache: Path, log: Callable[[str], None]) -> Path:
     if not isinstance(files, dict) or manifest.get("base_model_sha256") != model_sha256(files):
         raise ModelMismatch(f"model.path: {store.uri}/{MODEL_MANIFEST} is not a consistent model manifest")
     cache.mkdir(parents=True, exist_ok=True)
-    folder = cache / manifest["base_model_sha256"]
+    # Named by every file (tokenizer and config too), not by the weights alone: two models sharing weights
+    # never share a folder.
+    folder = cache / hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     with open(cache / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one download per node; released when the file closes
         local = folder / MODEL_MANIFEST
-        if local.is_file() and json.loads(local.read_text()).get("files") == files:
+        if local.is_file() and json.loads(local.read_text()).get("files") == files and _sizes_match(folder, files):
             log(f"model: {store.uri} already in the cache ({folder})")
             return folder
         partial = cache / f".{folder.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         started = time.monotonic()
-        _download(store, files, partial)
+        try:
+            _download(store, files, partial)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # a model-sized leftover otherwise
+            raise
         (partial / MODEL_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # last
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
@@ -118,6 +125,12 @@ def fetch_model(store: Store, cache: Path, log: Callable[[str], None]) -> Path:
     seconds = time.monotonic() - started
     log(f"model: downloaded {store.uri}: {len(files)} files, {size / 1e6:.1f} MB in {seconds:.1f} s, sha256 verified")
     return folder
+
+
+def _sizes_match(folder: Path, files: dict) -> bool:
+    """A cached copy still holds every file at its size (a cheap check; the job's base_model.json pins the
+    weights' sha256)."""
+    return all((folder / n).is_file() and (folder / n).stat().st_size == i["size"] for n, i in files.items())
 
 
 def _download(store: Store, files: dict, into: Path) -> None:

@@ -131,6 +131,15 @@ def resolve_model_dir(model: Model, store_options: StoreOptions | None = None, l
             f"model: {folder} needs its own Python code (config.json auto_map); rentune never runs repository "
             "code (trust_remote_code); use an architecture transformers ships"
         )
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded weights: every shard the index names must be here (a partial copy is not)
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelError(f"model: {index}: expected a JSON object with a weight_map ({exc})") from None
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise ModelError(f"model: {folder} lacks shards its index names: {', '.join(missing[:5])}")
     if not any(folder.glob("*.safetensors")):
         found = [name for name in _PICKLE_WEIGHTS if (folder / name).exists()]
         hint = f" (found {', '.join(found)}: convert to safetensors first)" if found else ""

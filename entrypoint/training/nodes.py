@@ -7,12 +7,13 @@
         wait for the lead's attempt; for each launch of that attempt whose trial has no result yet:
             torchrun --nnodes N, the same rendezvous -> the same trial's workers on this node
         exit 0 once the train phase is committed (the lead evaluates, tests, verifies and exports alone);
-        exit with the lead's outcome if its attempt ends first
+        exit as the lead's attempt did (143 on its SIGTERM, 1 on its error) if that attempt ends first
 
 Nodes share nothing but the store and the rendezvous endpoint: every rank reopens the job from the store,
-downloads the checkpoint it resumes from, and each node commits the files its own ranks wrote
-(store/checkpoint.py). Which node holds global rank 0 in a launch does not matter: rank 0 writes the
-trial's result to the store, where the lead reads it.
+each node downloads the checkpoint it resumes from once, and each node commits the files its own ranks
+wrote (store/checkpoint.py). Node numbers in checkpoints and logs are torchrun's (GROUP_RANK); of
+--node-rank only 0 (the lead) against the rest matters. Which node holds global rank 0 in a launch does
+not matter: rank 0 writes the trial's result to the store, where the lead reads it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, 
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.training.distributed import run_torchrun, torchrun_command
 
-__all__ = ["LAUNCH_KEY", "LeadStopped", "announce_launch", "follow_lead"]
+__all__ = ["LAUNCH_KEY", "LeadStopped", "announce_launch", "end_launch", "follow_lead"]
 
 LAUNCH_KEY = "train/launch.json"  # the lead's newest torchrun launch, in the job's store
 POLL_S = 2.0
@@ -48,6 +49,13 @@ def announce_launch(store: Store, trial_id: str, attempt: int) -> str:
     return launch_id
 
 
+def end_launch(store: Store, launch_id: str) -> None:
+    """torchrun of launch `launch_id` has returned on the lead: mark it, so that no node joins it late."""
+    launch = _launch(store)
+    if launch and launch.get("launch") == launch_id:
+        store.put_bytes(LAUNCH_KEY, dumps({**launch, "ended": True}))
+
+
 def _ended(store: Store, attempt: int) -> dict | None:
     try:
         return read_json(store, f"attempts/{attempt}/ended.json")
@@ -62,12 +70,15 @@ def follow_lead(
     workdir: Path,
     store_args: tuple[str, ...],
     log: Callable[[str], None],
-    lead_wait_s: float = 1800.0,
+    lead_wait_s: float = 7200.0,  # the lead's phases before training can take long on a large model
     poll_s: float = POLL_S,
 ) -> None:
     """Node `node` (> 0) of job `job_id`: join each torchrun launch of the lead's current attempt until the
-    train phase is committed. Waits `lead_wait_s` at most for the lead to start an attempt. Raises
-    LeadStopped if the lead's attempt ends first, Interrupted on SIGTERM."""
+    train phase is committed. Before the first launch it gets the base model (a download happens here, not
+    inside a launch) and refuses a copy that differs from the one the job started with (ModelMismatch).
+    Gives up after `lead_wait_s` without an attempt of the lead or a new launch of it (LeadStopped). When
+    the lead's attempt ends first: its SIGTERM is this node's too (Interrupted), an error is LeadStopped,
+    and an attempt that stopped early on purpose (`--until`) ends this node cleanly."""
     store = job_store(root, job_id)
     log(
         f"node {node}: the lead node (node rank 0) runs every phase but training; this node joins its training "
@@ -83,32 +94,60 @@ def follow_lead(
 
 def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop) -> None:
     ended_before = {n for n in attempt_numbers(store) if _ended(store, n) is not None}
-    waiting_since, joined = time.monotonic(), set()
+    idle_since, joined, model_checked = time.monotonic(), set(), False
     while not stop:
         if store.head(phase_result_key("train")) is not None:
             log(f"node {node}: training is done; the lead node runs the remaining phases. Exiting.")
             return
-        attempts = attempt_numbers(store)
-        current = max(attempts, default=0)
-        if current == 0 or current in ended_before:  # the lead has not started (again) yet
-            if time.monotonic() - waiting_since > lead_wait_s:
-                raise LeadStopped(f"node {node}: no attempt of the lead node started within {lead_wait_s:.0f} s")
-        elif (ended := _ended(store, current)) is not None:
+        current = max(attempt_numbers(store), default=0)
+        launch = _launch(store)
+        if current and current not in ended_before and (ended := _ended(store, current)) is not None:
             if store.head(phase_result_key("train")) is not None:  # committed just before the attempt ended
                 continue
+            _lead_ended(node, current, ended, log)
+            return
+        if launch and launch["attempt"] == current and not launch.get("ended") and launch["launch"] not in joined:
+            joined.add(launch["launch"])
+            if store.head(trial_result_key(launch["trial"])) is None:
+                if not model_checked:
+                    _check_model(store, node, workdir, log)
+                    model_checked = True
+                if stop:
+                    break
+                _join(store, launch, node, workdir, store_args, log)
+            idle_since = time.monotonic()
+            continue
+        if time.monotonic() - idle_since > lead_wait_s:
             raise LeadStopped(
-                f"node {node}: the lead node's attempt {current} ended {ended.get('outcome')} before training "
-                f"was done ({ended.get('error')}); start this node again with the lead"
+                f"node {node}: no new training launch of the lead node within {lead_wait_s:.0f} s "
+                f"(newest attempt: {current or 'none'}); start this node again together with the lead"
             )
-        else:
-            launch = _launch(store)
-            if launch and launch["attempt"] == current and launch["launch"] not in joined:
-                joined.add(launch["launch"])
-                if store.head(trial_result_key(launch["trial"])) is None:
-                    _join(store, launch, node, workdir, store_args, log)
-                continue
         time.sleep(poll_s)
     raise Interrupted(f"node {node}: stopped on SIGTERM while waiting for the lead's next launch")
+
+
+def _lead_ended(node: int, attempt: int, ended: dict, log) -> None:
+    """The lead's attempt ended before training was done: end this node the same way."""
+    outcome, error = ended.get("outcome"), ended.get("error")
+    if outcome == "interrupted":
+        raise Interrupted(f"node {node}: the lead node's attempt {attempt} was stopped on SIGTERM ({error})")
+    if outcome == "completed":  # the lead stopped before training on purpose (`rentune run --until ...`)
+        log(f"node {node}: the lead node's attempt {attempt} ended before training, as asked. Exiting.")
+        return
+    raise LeadStopped(
+        f"node {node}: the lead node's attempt {attempt} ended {outcome} before training was done ({error}); "
+        "start this node again with the lead"
+    )
+
+
+def _check_model(store: Store, node: int, workdir: Path, log) -> None:
+    """This node's base model (downloaded now if it comes from a bucket or the hub) must be the one the
+    job started with."""
+    from entrypoint.runner import verify_base_model
+    from entrypoint.training.model import resolve_model_dir
+
+    spec = stored_spec(store).spec
+    verify_base_model(store, spec, resolve_model_dir(spec.model, spec.store, log), record=False)
 
 
 def _launch(store: Store) -> dict | None:

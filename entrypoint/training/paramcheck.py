@@ -7,8 +7,9 @@ bit-identical. LoRA's B matrices start at zero, so the A matrices get no gradien
 a declared parameter may take up to `GRACE_STEPS` updates to move.
 
 Under DeepSpeed ZeRO-3 each rank holds a slice of every parameter: each one is gathered whole for its
-fingerprint (one at a time, so memory never holds more than one full parameter beyond the shards),
-and every rank checks the same full values.
+fingerprint, one at a time (the device holds at most one gathered parameter beyond the shards; the host
+a copy of it while it is hashed), and every rank checks the same full values. On a large model that is
+a full all-gather of the weights per checked step, for the few steps until the check passes.
 """
 
 from __future__ import annotations

@@ -253,6 +253,15 @@ class StoreCheckpointCallback(TrainerCallback):
             launch = [uuid.uuid4().hex if state.is_world_process_zero else None]
             torch.distributed.broadcast_object_list(launch, src=0)
             self.committer.nodes = Nodes(node=node_rank(), count=node_count(), launch_id=launch[0])
+            # Each node chose its resume point from the store on its own: they must agree, or the ranks
+            # would train on from different steps. Every rank sees the same values, so all stop together.
+            steps = torch.tensor([state.global_step, -state.global_step], device=_collective_device())
+            torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
+            if int(steps[0]) != -int(steps[1]):
+                raise CheckpointError(
+                    f"the nodes resumed from different checkpoints (steps {-int(steps[1])} to {int(steps[0])}): a "
+                    "checkpoint failed to verify on some node; start every node again"
+                )
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.interval is not None:
@@ -272,7 +281,7 @@ class StoreCheckpointCallback(TrainerCallback):
             save, stop, failing = bool(flags[0]), bool(flags[1]), bool(flags[2])
         if failing:
             self.committer.raise_if_failing()  # the committing rank, with the store's error
-            raise CheckpointError("checkpoint commits keep failing on another node; stopping with it")
+            raise CheckpointError("checkpoint commits keep failing on another rank; stopping with it")
         if save:
             control.should_save = True
         if stop:
@@ -295,7 +304,13 @@ class StoreCheckpointCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         reproducible_files(folder)
         waited = self.committer.wait()  # at most one commit in flight
-        self.committer.raise_if_failing()  # that one may have completed a failing streak
+        if self.committer.failing:  # that one completed a failing streak: start no other commit
+            if not _distributed():
+                self.committer.raise_if_failing()
+            # Under torchrun this rank alone must not raise (the others would wait for it in the next
+            # collective): the next step's all-reduce of `failing` stops every rank together.
+            self.log(f"checkpoint: not committing step {state.global_step}: commits keep failing; stopping")
+            return
         if waited > 0.05:
             self.log(f"checkpoint: waited {waited:.1f} s for the commit before step {state.global_step}'s")
         background = self.background and not self._final

@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _out_of_memory(ctx, trial_id: str, me: int, exc: BaseException) -> int:
     """This rank ran out of memory: record the trial as invalid (the first rank to say so wins) and exit
-    non-zero, so that torchrun stops the other ranks (blocked in a collective without this one) on every
-    node. The launching process reads the record and goes on with the next trial."""
+    non-zero. torchrun then stops this node's other ranks; ranks on other nodes fail at their next
+    collective without this one (at once with gloo, as tested; NCCL may wait for its timeout), and their
+    torchrun ends too. The launching process reads the record and goes on with the next trial."""
     reason = f"out of memory on rank {me} (node {node_rank()}): {exc}"
     print(f"rentune: {reason}", flush=True)
     record = {"status": "invalid", "reason": reason, "evaluable": False}

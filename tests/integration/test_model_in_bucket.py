@@ -107,10 +107,10 @@ def test_a_model_pushed_to_the_bucket_runs_resumes_on_a_second_node_and_is_verif
     assert json.loads(job.get_bytes("base_model.json"))["sha256"] == sha256
 
     # Node B's cached copy differs by one byte from the model the job started with: refused before training.
-    cached = node_a / "cache" / sha256
+    (cached,) = (p for p in (node_a / "cache").iterdir() if p.is_dir() and not p.name.startswith("."))
     tampered = tmp_path / "node-b-tampered" / "cache"
     shutil.copytree(node_a / "cache", tampered)
-    weights = tampered / sha256 / "model.safetensors"
+    weights = tampered / cached.name / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+from entrypoint.errors import Interrupted
 from entrypoint.job.state import dumps, job_store, phase_result_key
 from entrypoint.store import open_store
 from entrypoint.training import nodes
-from entrypoint.training.nodes import LAUNCH_KEY, LeadStopped, announce_launch, follow_lead
+from entrypoint.training.nodes import LAUNCH_KEY, LeadStopped, announce_launch, end_launch, follow_lead
 
 
 def _follow(root, tmp_path, lines, wait_s=30.0):
@@ -47,8 +48,46 @@ def test_stops_when_the_leads_attempt_ends_first_but_not_for_an_attempt_that_end
 
 def test_gives_up_when_no_lead_attempt_starts(tmp_path):
     root = open_store(f"file://{tmp_path / 'store'}")
-    with pytest.raises(LeadStopped, match="no attempt of the lead node started within 0 s"):
+    with pytest.raises(LeadStopped, match="no new training launch of the lead node within 0 s"):
         _follow(root, tmp_path, [], wait_s=0.2)
+
+
+@pytest.mark.parametrize(
+    "outcome,error",
+    [("interrupted", Interrupted), ("completed", None)],
+    ids=["sigterm-ends-this-node-too", "until-before-train-ends-it-cleanly"],
+)
+def test_a_lead_attempt_that_ends_before_training_ends_this_node_the_same_way(tmp_path, outcome, error):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    store = job_store(root, "j")
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
+    threading.Timer(
+        0.3, lambda: store.put_bytes("attempts/1/ended.json", dumps({"outcome": outcome, "error": "x"}))
+    ).start()
+    lines: list[str] = []
+    if error is None:
+        _follow(root, tmp_path, lines)
+        assert lines[-1] == "node 1: the lead node's attempt 1 ended before training, as asked. Exiting."
+    else:
+        with pytest.raises(error, match="attempt 1 was stopped on SIGTERM"):
+            _follow(root, tmp_path, lines)
+
+
+def test_an_ended_launch_is_not_joined(tmp_path, monkeypatch):
+    root = open_store(f"file://{tmp_path / 'store'}")
+    store = job_store(root, "j")
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
+    end_launch(store, announce_launch(store, "main", 1))
+    joined = []
+    monkeypatch.setattr(nodes, "_join", lambda *args: joined.append(args))
+    monkeypatch.setattr(nodes, "_check_model", lambda *args: None)
+    with pytest.raises(LeadStopped, match="no new training launch"):
+        _follow(root, tmp_path, [], wait_s=0.3)
+    assert not joined
+    announce_launch(store, "main", 1)  # a live launch of the current attempt is joined
+    with pytest.raises(LeadStopped, match="no new training launch"):
+        _follow(root, tmp_path, [], wait_s=0.3)
+    assert len(joined) == 1
 
 
 def test_a_launch_names_its_trial_attempt_and_a_fresh_id(tmp_path):
