@@ -206,16 +206,16 @@ def verify_base_model(store: Store, spec, model_dir: Path, record: bool) -> None
 
     mine = hash_base_model(model_dir)
     entry = {"sha256": mine.sha256, "files": mine.files, "source": spec.model.model_dump(exclude_none=True)}
-    try:
-        if not record:
-            raise ObjectExists(BASE_MODEL_KEY)
-        store.put_if_absent(BASE_MODEL_KEY, dumps(entry))
-        return
-    except ObjectExists:
+    if record:
         try:
-            recorded = read_json(store, BASE_MODEL_KEY)
-        except ObjectNotFound:  # nothing recorded yet (record=False): the lead records it first
+            store.put_if_absent(BASE_MODEL_KEY, dumps(entry))
             return
+        except ObjectExists:  # an earlier process recorded it: compare
+            pass
+    try:
+        recorded = read_json(store, BASE_MODEL_KEY)
+    except ObjectNotFound:  # nothing recorded yet (record=False): the lead records it first
+        return
     if recorded.get("sha256") == mine.sha256:
         return
     theirs = recorded.get("files") or {}

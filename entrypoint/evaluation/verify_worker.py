@@ -12,7 +12,6 @@ Exit code 0 when the record was written, 1 with the reason on stderr otherwise.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -26,9 +25,9 @@ from entrypoint.evaluation.procedure import score
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.store import ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, find_latest
+from entrypoint.training.model import SHARD_INDEX, ModelError, sharded_weights
 
 WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors")
-SHARD_INDEX = "model.safetensors.index.json"  # a full fine-tune saved in shards: model-0000x-of-0000y
 
 
 class VerifyError(RuntimeError):
@@ -41,17 +40,10 @@ def weight_files(folder: Path) -> list[str]:
     for name in WEIGHT_FILES:
         if (folder / name).is_file():
             return [name]
-    index = folder / SHARD_INDEX
-    if not index.is_file():
-        return []
     try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, AttributeError) as exc:
-        raise VerifyError(f"{index}: expected a JSON object with a weight_map ({exc})") from None
-    missing = [name for name in shards if not (folder / name).is_file()]
-    if missing:
-        raise VerifyError(f"{index} names shards that are not in {folder}: {', '.join(missing)}")
-    return shards
+        return sharded_weights(folder)
+    except ModelError as exc:
+        raise VerifyError(str(exc)) from None
 
 
 def load_weights(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["BLOCK", "HashingReader", "file_sha256"]
+__all__ = ["BLOCK", "HashingReader", "file_sha256", "weights_sha256"]
 
 BLOCK = 1 << 20
 
@@ -20,6 +20,12 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def weights_sha256(file_hashes: dict[str, str]) -> str:
+    """The base model's sha256 from its weight files' (relative path -> sha256): sha256 of the lines
+    `"<path>\t<sha256>\n"` in sorted path order. What BINDING.json and MODEL_MANIFEST.json record."""
+    return hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(file_hashes.items())).encode()).hexdigest()
 
 
 class HashingReader:

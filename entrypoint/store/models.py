@@ -28,7 +28,7 @@ from entrypoint.errors import Conflict, InvalidInput
 from entrypoint.store import InvalidKey, ObjectExists, ObjectNotFound, Store, check_key
 from entrypoint.store.base import UPLOAD_FILES_AT_ONCE
 from entrypoint.store.checkpoint import upload_files
-from entrypoint.store.hashing import file_sha256
+from entrypoint.store.hashing import file_sha256, weights_sha256
 from entrypoint.store.objects import read_json
 
 __all__ = ["MODEL_MANIFEST", "ModelMismatch", "fetch_model", "model_cache", "model_sha256", "push_model"]
@@ -47,9 +47,7 @@ def model_cache() -> Path:
 
 def model_sha256(files: dict[str, dict]) -> str:
     """The base model's sha256 from a manifest's files, as hash_base_model computes it from a folder."""
-    weights = sorted((name, info["sha256"]) for name, info in files.items() if name.endswith(".safetensors"))
-    lines = "".join(f"{name}\t{sha256}\n" for name, sha256 in weights)
-    return hashlib.sha256(lines.encode()).hexdigest()
+    return weights_sha256({name: info["sha256"] for name, info in files.items() if name.endswith(".safetensors")})
 
 
 def push_model(store: Store, folder: Path, log: Callable[[str], None]) -> dict:
@@ -74,10 +72,9 @@ def push_model(store: Store, folder: Path, log: Callable[[str], None]) -> dict:
 def _same_or_refuse(store: Store, paths: dict[str, Path], log: Callable[[str], None]) -> dict:
     theirs = read_json(store, MODEL_MANIFEST)
     ours = {name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for name, p in paths.items()}
-    if theirs.get("files") != ours:
-        differ = sorted(set(ours).symmetric_difference(theirs.get("files", {})) | {
-            name for name in set(ours) & set(theirs.get("files", {})) if ours[name] != theirs["files"][name]
-        })  # fmt: skip
+    listed = theirs.get("files") or {}
+    if listed != ours:
+        differ = sorted(n for n in set(listed) | set(ours) if listed.get(n) != ours.get(n))
         raise ModelMismatch(
             f"{store.uri} already holds a different model (files that differ: {', '.join(differ[:10])}); "
             "nothing was overwritten: push to another prefix"
@@ -87,7 +84,7 @@ def _same_or_refuse(store: Store, paths: dict[str, Path], log: Callable[[str], N
 
 
 def fetch_model(store: Store, cache: Path, log: Callable[[str], None]) -> Path:
-    """The model at `store`'s root, downloaded into `cache/<base model sha256>` and verified (once per
+    """The model at `store`'s root, downloaded into `cache/<hash of its files' hashes>` and verified (once per
     node: concurrent processes wait on a lock). Raises InvalidInput without a manifest, ModelMismatch
     when a downloaded file differs from it."""
     try:

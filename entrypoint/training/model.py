@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
 import importlib.util
 import json
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 
 from entrypoint.errors import InvalidInput
-from entrypoint.store.hashing import file_sha256
+from entrypoint.store.hashing import file_sha256, weights_sha256
 from jobspec.schema import Adaptation, Model
 from jobspec.schema import Store as StoreOptions
 
@@ -35,6 +34,7 @@ __all__ = [
     "load_adapter",
     "load_encoder",
     "resolve_model_dir",
+    "sharded_weights",
 ]
 
 _PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
@@ -131,20 +131,31 @@ def resolve_model_dir(model: Model, store_options: StoreOptions | None = None, l
             f"model: {folder} needs its own Python code (config.json auto_map); rentune never runs repository "
             "code (trust_remote_code); use an architecture transformers ships"
         )
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():  # sharded weights: every shard the index names must be here (a partial copy is not)
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"model: {index}: expected a JSON object with a weight_map ({exc})") from None
-        missing = sorted(name for name in shards if not (folder / name).is_file())
-        if missing:
-            raise ModelError(f"model: {folder} lacks shards its index names: {', '.join(missing[:5])}")
+    sharded_weights(folder)  # a partial copy of sharded weights is not a model
     if not any(folder.glob("*.safetensors")):
         found = [name for name in _PICKLE_WEIGHTS if (folder / name).exists()]
         hint = f" (found {', '.join(found)}: convert to safetensors first)" if found else ""
         raise ModelError(f"model: expected *.safetensors weights in {folder}{hint}")
     return folder.resolve()
+
+
+SHARD_INDEX = "model.safetensors.index.json"  # weights saved in shards: model-0000x-of-0000y.safetensors
+
+
+def sharded_weights(folder: Path) -> list[str]:
+    """The shards `folder`'s index names, sorted ([] without an index); ModelError if the index is not one
+    or a shard it names is missing."""
+    index = folder / SHARD_INDEX
+    if not index.is_file():
+        return []
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"model: {index}: expected a JSON object with a weight_map ({exc})") from None
+    missing = [name for name in shards if not (folder / name).is_file()]
+    if missing:
+        raise ModelError(f"model: {index} names shards that are not in {folder}: {', '.join(missing)}")
+    return shards
 
 
 @dataclass(frozen=True)
@@ -169,8 +180,7 @@ def _hash_files(folder: Path, signature: tuple) -> BaseModelHash:
     """Baseline, train and export each ask within one run: read the weights once per process, again only
     if a file's size or modification time changed (the signature)."""
     files = {Path(path).relative_to(folder).as_posix(): file_sha256(Path(path)) for path, _, _ in signature}
-    overall = hashlib.sha256("".join(f"{name}\t{sha}\n" for name, sha in sorted(files.items())).encode())
-    return BaseModelHash(sha256=overall.hexdigest(), files=files)
+    return BaseModelHash(sha256=weights_sha256(files), files=files)
 
 
 def load_encoder(folder: Path) -> torch.nn.Module:
