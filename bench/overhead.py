@@ -1,5 +1,6 @@
 """Training overhead of rentune: the same tiny training run through rentune's Trainer setup (its callbacks:
-progress, parameter check and peak memory over the first steps, checkpoint commits to a file:// store)
+progress with tokens/s, parameter check and peak memory over the first steps, checkpoint commits to a
+file:// store)
 and through a bare HF Trainer with identical TrainingArguments (local checkpoints every 100 steps too) and no
 callbacks, alternated in one run.
 
@@ -11,6 +12,7 @@ Prints steps/s for each and the ratio rentune / bare (goal: >= 0.97, i.e. within
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -24,12 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoTokenizer, Trainer  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
-from entrypoint.context import read_jsonl  # noqa: E402
-from entrypoint.data.encoding import collator, encode_rows  # noqa: E402
+from entrypoint.kinds import kind_for  # noqa: E402
 from entrypoint.store import FileStore  # noqa: E402
-from entrypoint.training.model import build_model  # noqa: E402
+from entrypoint.training.throughput import CountingCollator, ThroughputMeter, flops_per_token  # noqa: E402
 from entrypoint.training.trainer import (  # noqa: E402
     FirstStepsCallback,
     ProgressCallback,
@@ -60,27 +61,36 @@ adaptation: {{method: lora, rank: 8, target_modules: [query, value]}}
 training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{every_steps: 100}}}}
 """
     ).spec
-    rows = [
-        {"text": r["text"], "label": r["label"]}
-        for r in read_jsonl((ROOT / "examples/data/tickets.jsonl").read_bytes())
-    ]
+    rows = [json.loads(line) for line in (ROOT / "examples/data/tickets.jsonl").read_text().splitlines() if line]
     labels = sorted({r["label"] for r in rows})
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    features = [e.features for e in encode_rows(tokenizer, rows, spec, labels)]
+    kind = kind_for(spec)
+    tokenizer = kind.processor(model_dir)
+    features = [e.features for e in kind.encode(tokenizer, rows, labels)]
+    cpu = torch.device("cpu")
     log = lambda message: None  # noqa: E731
 
     def rentune_run(i: int) -> float:
         torch.manual_seed(0)
-        model = build_model(model_dir, False, labels, spec.adaptation)
+        model = kind.build(model_dir, labels, spec.adaptation)
         store = FileStore(tmp / f"store-{i}")
+        counter = CountingCollator(kind.collator(tokenizer))
+        meter = ThroughputMeter(counter, *flops_per_token(model, 32.0), None, "cpu")
         with graceful_sigterm(60, log) as sigterm:
             callbacks = [
-                ProgressCallback(log),
+                meter,
+                ProgressCallback(log, meter=meter),
                 StoreCheckpointCallback(store, "ckpt", {}, spec.training.checkpoint, sigterm, log),
-                FirstStepsCallback("lora", torch.device("cpu")),
+                FirstStepsCallback("lora", cpu),
             ]
             trainer = build_trainer(
-                model, collator(tokenizer, False), features, spec.training, tmp / f"r{i}", True, callbacks, False
+                model,
+                counter,
+                features,
+                spec.training,
+                output_dir=tmp / f"r{i}",
+                device=cpu,
+                token_loss=False,
+                callbacks=callbacks,
             )
             started = time.perf_counter()
             trainer.train()
@@ -88,15 +98,21 @@ training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{
 
     def bare_run(i: int) -> float:
         torch.manual_seed(0)
-        model = build_model(model_dir, False, labels, spec.adaptation)
+        model = kind.build(model_dir, labels, spec.adaptation)
         reference = build_trainer(
-            model, collator(tokenizer, False), features, spec.training, tmp / f"b{i}", True, [], False
+            model,
+            kind.collator(tokenizer),
+            features,
+            spec.training,
+            output_dir=tmp / f"b{i}",
+            device=cpu,
+            token_loss=False,
         )
         trainer = Trainer(
             model=model,
             args=reference.args,  # identical, checkpoints every 100 steps included (kept locally)
             train_dataset=features,
-            data_collator=collator(tokenizer, False),
+            data_collator=kind.collator(tokenizer),
         )
         trainer.model_accepts_loss_kwargs = False
         started = time.perf_counter()

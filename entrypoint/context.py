@@ -15,7 +15,7 @@ import torch
 from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
 from entrypoint.kinds import JobKind, kind_for
 from entrypoint.store import Store, open_store
-from entrypoint.training.device import resolve_device
+from entrypoint.training.device import resolve_device, resolve_precision
 from entrypoint.training.model import resolve_model_dir
 from jobspec.schema import JobSpec
 
@@ -74,6 +74,11 @@ class PhaseContext:
     @property
     def device(self) -> torch.device:
         return resolve_device(self.spec.training)
+
+    @property
+    def precision(self) -> str:
+        """training.precision for this device (auto: bf16 on a GPU that has it, else fp32)."""
+        return resolve_precision(self.spec.training, self.device)
 
 
 def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], None]) -> tuple[PhaseContext, str]:

@@ -29,6 +29,8 @@ SHARED = (
     "training.deterministic",
     "training.checkpoint",
     "training.log_every_steps",
+    "training.packing",  # what a step trains on (rows, not examples): budgets compare only with one answer
+    "training.liger",  # what the image has
 )
 
 

@@ -168,6 +168,15 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
         template_file.startswith("s3://") or not Path(template_file.removeprefix("file://")).is_file()
     ):
         errors.append(f"{source}: data.chat_template: expected a local Jinja file, got {template_file!r} (not found)")
+    if spec.training.packing and spec.hypothesis.task == "classification":
+        errors.append(
+            f"{source}: training.packing: expected false for task classification (packing is for causal LMs: "
+            "tasks format and extraction)"
+        )
+    if spec.model.attn_implementation != "auto" and spec.hypothesis.task == "classification":
+        errors.append(
+            f"{source}: model.attn_implementation: expected auto for task classification (it is for causal LMs)"
+        )
     labels = spec.data.labels
     for i, guardrail in enumerate(spec.guardrails):
         name, _, part = guardrail.metric.partition("/")

@@ -222,6 +222,12 @@ class Model(_Section):
     max_new_tokens: int = Field(
         128, ge=1, le=8192, description="Causal LM: tokens generated per eval example (greedy decoding)."
     )
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        "auto",
+        description="The attention kernel: auto is what transformers picks for the model (sdpa where supported). "
+        "flash_attention_2 needs the flash-attn package and a GPU; it is refused before any phase where missing. "
+        "The implementation used is recorded.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Model:
@@ -414,7 +420,22 @@ class Training(_Section):
         description="The accelerator stack this job expects (a CUDA or a ROCm image); a mismatch fails before any "
         "phase runs. `rentune env` prints what an image has.",
     )
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="auto: bf16 mixed precision on a GPU that supports it, else fp32 (the CPU); what was chosen is "
+        "recorded in the probe and every trial result.",
+    )
+    packing: bool = Field(
+        False,
+        description="Causal LMs: pack examples into rows of model.max_length tokens, position ids restarting per "
+        "example so no example attends to another (no padding inside a row). A step then trains on rows, not "
+        "examples; the loss stays normalised per token.",
+    )
+    liger: bool = Field(
+        False,
+        description="Liger's Triton kernels for the model's layers and loss (GPU images with liger-kernel "
+        "installed); refused before any phase where they are not installed.",
+    )
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
 

@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
+from entrypoint.data.packing import row_boundaries
 
 __all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "token_loss"]
 
@@ -163,6 +164,58 @@ def to_markdown(records: Sequence[dict], stats: dict[str, dict]) -> str:
             out += ["", f"## {category}", ""]
         out += _render(record)
     return "\n".join(out) + "\n"
+
+
+def packed_row(processor, rows: Sequence[dict], max_length: int) -> tuple[dict, str]:
+    """With packing: how the train split packs (rows, fill) and the row holding the most examples, each
+    example's token span and positions, and its text (what the loss trains on between [[ ]])."""
+    row = max(rows, key=lambda r: (len(r["lengths"]), -rows.index(r)))
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    record = {
+        "rows": len(rows),
+        "examples": sum(len(r["lengths"]) for r in rows),
+        "fill": round(tokens / (len(rows) * max_length), 4),
+        "shown_row": {"tokens": len(row["input_ids"]), "examples": []},
+    }
+    out = [
+        "",
+        "## A packed row",
+        "",
+        f"{record['examples']} train examples packed into {record['rows']} rows of up to {max_length} tokens "
+        f"({record['fill']:.0%} filled). Positions restart at 0 for each example, so no example attends to another; "
+        "each example's first token is not a target. The row with the most examples:",
+        "",
+    ]
+    for k, (start, end) in enumerate(row_boundaries(row)):
+        ids, labels = row["input_ids"][start:end], row["labels"][start:end]
+        trained = sum(1 for label in labels if label != IGNORE_INDEX)
+        record["shown_row"]["examples"].append({"start": start, "end": end, "trained_tokens": trained})
+        out += [
+            f"- example {k + 1}: tokens {start} to {end - 1} ({end - start} tokens, positions "
+            f"{row['position_ids'][start]} to {row['position_ids'][end - 1]}, {trained} trained)",
+            "",
+            "  ```",
+            *("  " + line for line in _marked(processor, ids, labels).splitlines()),
+            "  ```",
+        ]
+    return record, "\n".join(out) + "\n"
+
+
+def _marked(processor, ids: Sequence[int], labels: Sequence[int]) -> str:
+    """The tokens decoded, the trained spans between [[ and ]]."""
+    parts, span, trained = [], [], False
+    for token, label in zip(ids, labels, strict=True):
+        now = label != IGNORE_INDEX
+        if now != trained and span:
+            text = processor.decode(span)
+            parts.append(f"[[{text}]]" if trained else text)
+            span = []
+        span.append(token)
+        trained = now
+    if span:
+        text = processor.decode(span)
+        parts.append(f"[[{text}]]" if trained else text)
+    return "".join(parts)
 
 
 def smoke_markdown(smoke: dict) -> str:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules, rule_ids
 from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
-from entrypoint.data.inspection import build_inspection, length_stats, to_markdown
+from entrypoint.data.inspection import build_inspection, length_stats, packed_row, to_markdown
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
+from entrypoint.data.packing import pack
 from entrypoint.data.reading import DataError, RawFile, read_source, rows_from_jsonl
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
 from entrypoint.kinds import DataParts, Leaks
@@ -84,7 +85,12 @@ def text_inspection(kind, processor, splits: dict[str, list[dict]], labels: list
     records = build_inspection(
         processor, splits["train"], encoded["train"], spec.data.inspect_per_category, spec.model.max_length, labels
     )
-    return {"examples": records, "lengths": stats}, to_markdown(records, stats), {}
+    inspection, markdown = {"examples": records, "lengths": stats}, to_markdown(records, stats)
+    if spec.training.packing:
+        rows = pack([e.features for e in encoded["train"]], spec.model.max_length)
+        inspection["packing"], shown = packed_row(processor, rows, spec.model.max_length)
+        markdown += shown
+    return inspection, markdown, {}
 
 
 def text_recipe(spec: JobSpec, folder: Path, task: str) -> dict:

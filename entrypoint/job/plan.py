@@ -35,6 +35,7 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
     step = None
     if probe_result is not None:
         step = probe_result["variants"]["plain"]["seconds"] * spec.training.grad_accum
+        n_train = probe_result.get("train_rows", n_train)  # with packing, steps draw rows of examples
     steps_done = {}
     for info in store.list("trials"):
         if info.key.endswith("/result.json") and info.key.count("/") == 2:

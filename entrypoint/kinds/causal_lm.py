@@ -20,6 +20,7 @@ from entrypoint.data.encoding import (
     encode_causal,
     prepare_tokenizer,
 )
+from entrypoint.data.packing import PackedCollator
 from entrypoint.data.text import read_text_parts, text_inspection, text_leaks, text_recipe
 from entrypoint.kinds import Baseline, DataParts, Leaks
 from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter
@@ -34,6 +35,8 @@ class CausalLM:
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
+        attn = spec.model.attn_implementation  # auto: transformers' own choice for the model
+        self.loading = {**SAFE_LOADING, **({} if attn == "auto" else {"attn_implementation": attn})}
         self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
         self.log: Callable[[str], None] | None = None  # generation throughput goes here when set
 
@@ -114,22 +117,26 @@ class CausalLM:
         return [encode_causal(processor, r["prompt"], r["response"], data.template, max_length) for r in rows]
 
     def collator(self, processor):
+        """Batches of examples padded to the longest, or with `training.packing` batches of packed rows
+        (data/packing.py; the phases pack the features first)."""
         from transformers import DataCollatorForSeq2Seq
 
+        if self.spec.training.packing:
+            return PackedCollator(processor.pad_token_id)
         return DataCollatorForSeq2Seq(processor, label_pad_token_id=IGNORE_INDEX, padding=True)
 
     def build(self, folder: Path, labels: Sequence[str], adaptation: Adaptation):
         from transformers import AutoModelForCausalLM
 
-        model, info = AutoModelForCausalLM.from_pretrained(folder, **SAFE_LOADING, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(folder, **self.loading, output_loading_info=True)
         return adapt(model, info, folder, adaptation, task_type="CAUSAL_LM")
 
     def reload(self, base: Path, weights: Path, labels: Sequence[str], method: str):
         from transformers import AutoModelForCausalLM
 
         if method == "full":
-            return AutoModelForCausalLM.from_pretrained(weights, **SAFE_LOADING)
-        return load_adapter(AutoModelForCausalLM.from_pretrained(base, **SAFE_LOADING), weights)
+            return AutoModelForCausalLM.from_pretrained(weights, **self.loading)
+        return load_adapter(AutoModelForCausalLM.from_pretrained(base, **self.loading), weights)
 
     def predict(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device) -> list[str]:
         from entrypoint.evaluation.generate import generate_responses
@@ -156,7 +163,7 @@ class CausalLM:
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(folder, **SAFE_LOADING).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, **self.loading).eval()
         return Baseline(self.predict(model, processor, rows, labels, device), {"method": "untouched_model_generation"})
 
     def eval_settings(self) -> dict:

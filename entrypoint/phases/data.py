@@ -21,6 +21,7 @@ import torch
 from entrypoint.context import PhaseContext
 from entrypoint.data.inspection import smoke_markdown
 from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse_failing
+from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
 from entrypoint.evaluation.seal import check_seal
@@ -105,8 +106,8 @@ def smoke_pass(ctx: PhaseContext, processor, splits: dict[str, list[dict]], labe
     model.eval()
     with torch.no_grad():
         for name, rows in splits.items():
-            batch = collate([e.features for e in kind.encode(processor, rows[:size], labels)])
-            loss = model(**{k: v.to(ctx.device) for k, v in batch.items()}).loss.item()
+            batch = collate(step_rows(ctx.spec, [e.features for e in kind.encode(processor, rows[:size], labels)]))
+            loss = model(**to_device(batch, ctx.device)).loss.item()
             if not math.isfinite(loss):
                 raise DataError(f"data: smoke pass on the {name} split gave a non-finite loss ({loss})")
             results[name] = {"batch": len(rows[:size]), "loss": loss, "model_input_shape": dict(received)}

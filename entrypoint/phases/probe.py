@@ -2,6 +2,7 @@
 microbatch on the real device, before the lease is spent on training.
 
     plain            microbatch at max_length, one optimizer step     -> peak memory, step time, gradients g
+                     (with packing: microbatch rows of exactly max_length tokens)
     checkpointing    the same with activation checkpointing          -> must give g (same seed)
     accumulation     `k` microbatches accumulated into one step      -> must equal one batch of k x microbatch
     combined         both                                            -> must give the accumulation gradients
@@ -13,6 +14,7 @@ would make it fit.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -21,12 +23,16 @@ import torch
 
 from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
+from entrypoint.data.packing import pack, step_rows, to_device
 from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 
 __all__ = ["GRAD_RTOL", "run"]
 
-GRAD_RTOL = 1e-4  # float sums in another order: equal to about 1e-6 in fp32; bf16 needs more
+# Float sums in another order: equal to about 1e-6 in fp32. In bf16/fp16 autocast the whole batch and its
+# microbatches round differently (about 1e-2 measured on the test models); a wrong normalisation of an
+# accumulated loss is off by a factor (0.5 or more), so either tolerance catches it.
+GRAD_RTOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}
 SEED = 1234
 # (name, activation checkpointing, microbatches accumulated: 1, or `k`)
 VARIANTS = (
@@ -43,11 +49,31 @@ class Variant:
     grads: dict[str, torch.Tensor] | None  # None when the step did not fit (OOM)
 
 
+def _full_rows(features: list[dict], size: int, max_length: int) -> list[dict]:
+    """`size` packed rows of exactly max_length tokens (the worst case with packing): examples longest first,
+    each row filled to the end, the example that overflows cut."""
+    rows, at = [], 0
+    for _ in range(size):
+        members, room = [], max_length
+        while room > 0:
+            example = features[at % len(features)]
+            at += 1
+            n = min(room, len(example["input_ids"]))
+            members.append({k: example[k][:n] for k in ("input_ids", "labels")})
+            room -= n
+        rows.append(pack(members, max_length)[0])
+    return rows
+
+
 def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
-    """`size` train examples, longest first, padded to exactly max_length: the worst case the trainer sees."""
+    """`size` train examples, longest first, padded to exactly max_length: the worst case the trainer sees
+    (with packing: `size` rows of exactly max_length tokens)."""
     kind = ctx.kind
     encoded = sorted(kind.encode(processor, ctx.read_split("train"), labels), key=lambda e: -e.full_length)
-    batch = kind.collator(processor)([encoded[i % len(encoded)].features for i in range(size)])
+    features = [encoded[i % len(encoded)].features for i in range(size)]
+    if ctx.spec.training.packing:
+        features = _full_rows([e.features for e in encoded], size, ctx.spec.model.max_length)
+    batch = kind.collator(processor)(features)
     pad = ctx.spec.model.max_length - batch["input_ids"].shape[1] if "input_ids" in batch else 0
     if pad > 0:
         fill = {"input_ids": processor.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
@@ -56,12 +82,23 @@ def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
         for key, value in fill.items():
             if key in batch:
                 batch[key] = torch.nn.functional.pad(batch[key], (0, pad), value=value)
-    return {k: v.to(ctx.device) for k, v in batch.items()}
+    return to_device(batch, ctx.device)
+
+
+def _train_rows(ctx: PhaseContext, processor, labels: list[str]) -> int:
+    """Rows a training epoch draws from: the train examples, or with packing the rows they pack into."""
+    rows = ctx.read_split("train")
+    if not ctx.spec.training.packing:
+        return len(rows)
+    return len(step_rows(ctx.spec, [e.features for e in ctx.kind.encode(processor, rows, labels)]))
 
 
 def _split(batch: dict, parts: int) -> list[dict]:
     size = batch["labels"].shape[0] // parts
-    return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(parts)]
+    return [
+        {k: v[i * size : (i + 1) * size] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        for i in range(parts)
+    ]
 
 
 def _loss_weights(micro: list[dict], token_loss: bool) -> list[float]:
@@ -78,7 +115,16 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
 
 
-def _step(model, micro: list[dict], token_loss: bool, checkpointing: bool, optimizer, device) -> tuple[dict, dict]:
+def _autocast(device: torch.device, precision: str):
+    """Mixed precision as the Trainer runs it (autocast around forward and loss; weights stay fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def _step(
+    model, micro: list[dict], token_loss: bool, checkpointing: bool, optimizer, device, precision: str
+) -> tuple[dict, dict]:
     """One optimizer step over `micro` microbatches; returns measurements and the gradients before the step."""
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -90,7 +136,9 @@ def _step(model, micro: list[dict], token_loss: bool, checkpointing: bool, optim
     with PeakMemory(device) as peak:
         started = time.perf_counter()
         for part, weight in zip(micro, weights, strict=True):
-            (model(**part).loss * weight).backward()
+            with _autocast(device, precision):
+                loss = model(**part).loss * weight
+            loss.backward()
         grads = _grads(model)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -133,22 +181,29 @@ def run(ctx: PhaseContext) -> dict:
     if variants["plain"].grads is None:
         raise _does_not_fit(spec, variants)
     checks = _gradient_checks(ctx, processor, labels, variants, k)
-    failed = {name: diff for name, diff in checks.items() if diff > GRAD_RTOL}
+    tolerance = GRAD_RTOL[ctx.precision]
+    failed = {name: diff for name, diff in checks.items() if diff > tolerance}
     if failed:
-        raise RuntimeError(f"probe: gradients disagree beyond {GRAD_RTOL:g} (max relative difference): {failed}")
+        raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
 
     plain = variants["plain"].record
     estimate = plain.pop("estimate_bytes")
+    rows = "packed rows" if spec.training.packing else "examples"
     ctx.log(
-        f"probe: step at {m} x {spec.model.max_length} tokens: {plain['seconds']:.3f} s, peak "
-        f"{plain['peak_bytes'] / 2**20:.0f} MiB ({device.type}); checkpointing and accumulation verified"
+        f"probe: step at {m} {rows} x {spec.model.max_length} tokens ({ctx.precision}): {plain['seconds']:.3f} s, "
+        f"peak {plain['peak_bytes'] / 2**20:.0f} MiB ({device.type}); checkpointing and accumulation verified"
     )
     return {
         "device": device.type,
         "memory_measure": "allocator peak" if device.type == "cuda" else "process RSS (absolute)",
-        "precision": spec.training.precision,
+        "precision": ctx.precision,  # training.precision resolved for this device (auto: bf16 on a GPU)
+        "precision_setting": spec.training.precision,
+        "attn_implementation": variants["plain"].record.pop("attn_implementation", None),
+        # What a training step draws from; the plan counts steps from it.
+        "train_rows": _train_rows(ctx, processor, labels),
+        "packing": spec.training.packing,
         "variants": {name: v.record for name, v in variants.items()},
-        "gradient_checks": {"max_relative_difference": checks, "tolerance": GRAD_RTOL},
+        "gradient_checks": {"max_relative_difference": checks, "tolerance": tolerance},
         "estimate_bytes": estimate,
         # The plain step's measured peak is the prediction for training: the same model, batch shape and
         # optimizer, with the optimizer state already allocated by that step.
@@ -165,7 +220,9 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
     record = {"microbatch": batch["labels"].shape[0] // parts, "accumulated": parts, "checkpointing": checkpointing}
     token_loss = ctx.kind.token_loss
     try:
-        measured, grads = _step(model, _split(batch, parts), token_loss, checkpointing, optimizer, ctx.device)
+        measured, grads = _step(
+            model, _split(batch, parts), token_loss, checkpointing, optimizer, ctx.device, ctx.precision
+        )
     except Exception as exc:
         if not is_oom(exc):
             raise
@@ -176,10 +233,11 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
         return Variant({"oom": True, **record}, None)
     record.update(measured)
     if with_checks:
+        record["attn_implementation"] = getattr(getattr(model, "config", None), "_attn_implementation", None)
         record["estimate_bytes"] = estimate_step(model, measured["peak_bytes"] - measured["start_bytes"]).as_dict()
         checker = ParameterCheck(model, ctx.spec.adaptation.method)
         checker.after_update(model, 1)
-        _step(model, [batch], token_loss, False, optimizer, ctx.device)
+        _step(model, [batch], token_loss, False, optimizer, ctx.device, ctx.precision)
         checker.after_update(model, 2)
         record["parameter_check"] = {"passed": checker.done, **checker.summary()}
     return Variant(record, grads)
@@ -195,8 +253,8 @@ def _gradient_checks(ctx: PhaseContext, processor, labels, variants: dict[str, V
         # Eval mode (no dropout): the two batch shapes would draw different dropout masks otherwise.
         batch = _batch(ctx, processor, labels, ctx.spec.training.microbatch * k)
         token_loss = ctx.kind.token_loss
-        whole = _eval_grads(_fresh(ctx, labels)[0], [batch], token_loss)
-        accumulated = _eval_grads(_fresh(ctx, labels)[0], _split(batch, k), token_loss)
+        whole = _eval_grads(_fresh(ctx, labels)[0], [batch], token_loss, ctx.device, ctx.precision)
+        accumulated = _eval_grads(_fresh(ctx, labels)[0], _split(batch, k), token_loss, ctx.device, ctx.precision)
         checks["accumulation_vs_one_batch"] = _max_rel_diff(whole, accumulated)
         if variants["combined"].grads is not None:
             checks["combined_vs_accumulation"] = _max_rel_diff(
@@ -220,9 +278,11 @@ def _does_not_fit(spec, variants: dict[str, Variant]) -> OutOfMemory:
     return OutOfMemory(f"probe: one step at microbatch {m} x {spec.model.max_length} tokens does not fit", hints)
 
 
-def _eval_grads(model, micro: list[dict], token_loss: bool) -> dict[str, torch.Tensor]:
+def _eval_grads(model, micro: list[dict], token_loss: bool, device, precision: str) -> dict[str, torch.Tensor]:
     """Gradients of the accumulated, normalised loss over `micro`, in eval mode (dropout off)."""
     model.eval()
     for part, weight in zip(micro, _loss_weights(micro, token_loss), strict=True):
-        (model(**part).loss * weight).backward()
+        with _autocast(device, precision):
+            loss = model(**part).loss * weight
+        loss.backward()
     return _grads(model)

@@ -14,6 +14,7 @@ from entrypoint.report.results import (
     checkpoint_summary,
     config_sha256,
     limitations,
+    throughput_summary,
 )
 from entrypoint.training.environment import environment
 
@@ -57,6 +58,7 @@ def run(ctx: PhaseContext) -> dict:
                 "losses": record.get("losses", []),
                 "eval_losses": record.get("eval_losses", []),
                 "checkpoints": checkpoint_summary(record),
+                "throughput": throughput_summary(record),
             }
         )
     chosen = evaluated["trials"][selected]

@@ -28,10 +28,12 @@ import torch
 from transformers import set_seed
 
 from entrypoint.context import PhaseContext
+from entrypoint.data.packing import step_rows
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import commit_status_key, dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest, list_steps
+from entrypoint.training.device import resolve_precision
 from entrypoint.training.distributed import (
     deepspeed_config,
     is_worker,
@@ -44,6 +46,7 @@ from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.memory import is_oom
 from entrypoint.training.model import adaptation_summary, hash_base_model
 from entrypoint.training.nodes import announce_launch, end_launch
+from entrypoint.training.throughput import CountingCollator, ThroughputMeter, flops_per_token, peak_flops
 from entrypoint.training.trainer import (
     DivergenceCallback,
     FirstStepsCallback,
@@ -65,6 +68,7 @@ __all__ = ["BUDGET_UNIT", "InvalidTrial", "run", "train_trial"]
 
 
 BUDGET_UNIT = "training examples processed (optimizer steps x microbatch x grad_accum x processes)"
+PACKED_BUDGET_UNIT = "packed rows processed (optimizer steps x microbatch x grad_accum x processes)"
 
 
 class InvalidTrial(RuntimeError):
@@ -82,7 +86,8 @@ def _deadline(ctx: PhaseContext) -> tuple[float | None, dict]:
 
 def run(ctx: PhaseContext) -> dict:
     trials = resolve_trials(ctx.spec)
-    n_train = len(ctx.read_split("train"))
+    # What a step draws from: the train examples, or with packing the rows the probe counted.
+    n_train = ctx.read_json("phases/probe/result.json").get("train_rows") or len(ctx.read_split("train"))
     summary = {}
     for trial in trials:
         key = trial_result_key(trial.id)
@@ -175,7 +180,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
         "planned_examples": planned,
         "done_examples": done,
         "status": status,
-        "unit": BUDGET_UNIT,
+        "unit": PACKED_BUDGET_UNIT if ctx.spec.training.packing else BUDGET_UNIT,
     }
     return record
 
@@ -230,6 +235,7 @@ class _Setup:
     eval_rows: list[dict]
     eval_features: list[dict]
     adaptation: dict
+    data: dict  # examples, rows (packed or not), mean tokens per example
     meta: dict  # what every checkpoint manifest of this trial records
     out: Path  # local scratch for the Trainer (shared by the ranks of one node)
 
@@ -238,7 +244,7 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     setup = _prepare(ctx, trial)
     resume, platform_change = _resume_point(ctx, trial, setup)
     with graceful_sigterm(setup.spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        trainer, saver, first_steps = _fit(ctx, trial, setup, resume, sigterm)
+        trainer, saver, first_steps, meter = _fit(ctx, trial, setup, resume, sigterm)
     final = setup.out / "final"
     trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
     if not trainer.is_world_process_zero():
@@ -275,6 +281,12 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         # per checkpoint of this process: bytes, the training loop's blocked time, the commit's own time
         "checkpoints": saver.records,
         "checkpoint_interval": saver.interval,  # every_minutes: auto only
+        # how fast: tokens/s (non-padding), padding share, MFU on a GPU, and what they were computed from
+        "throughput": meter.summary(),
+        "precision": resolve_precision(setup.spec.training, ctx.device),
+        "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
+        "liger": setup.spec.training.liger,
+        "data": setup.data,
         "adaptation": setup.adaptation,
         "weights": keys,
     }
@@ -292,6 +304,16 @@ def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
     features = [e.features for e in kind.encode(processor, ctx.read_split("train"), labels)]
     eval_rows = ctx.read_split("eval")
     eval_features = [e.features for e in kind.encode(processor, eval_rows, labels)]
+    tokens = [len(f["input_ids"]) for f in features if "input_ids" in f]
+    data = {"examples": len(features), "mean_tokens_per_example": sum(tokens) / len(tokens) if tokens else None}
+    if spec.training.packing:  # eval loss too: per token it is the same packed or not, and faster
+        features, eval_features = step_rows(spec, features), step_rows(spec, eval_features)
+        data.update(packed_rows=len(features), tokens=sum(tokens), max_length=spec.model.max_length)
+        data["row_fill"] = round(sum(tokens) / (len(features) * spec.model.max_length), 4)
+        ctx.log(
+            f"train: packing: {data['examples']} examples into {len(features)} rows of up to {spec.model.max_length} "
+            f"tokens ({data['row_fill']:.0%} filled)"
+        )
     adaptation = adaptation_summary(model)
     trainable, total = adaptation["trainable_parameters"], adaptation["total_parameters"]
     ctx.log(
@@ -308,7 +330,7 @@ def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
     out = ctx.workdir / "trials" / trial.id
     if not is_worker():
         shutil.rmtree(out, ignore_errors=True)  # local scratch is never trusted across processes
-    return _Setup(spec, processor, model, features, eval_rows, eval_features, adaptation, meta, out)
+    return _Setup(spec, processor, model, features, eval_rows, eval_features, adaptation, data, meta, out)
 
 
 def _download_once_per_node(ctx: PhaseContext, trial: Trial, out: Path) -> Checkpoint | None:
@@ -370,19 +392,24 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
     )
     first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
     divergence = DivergenceCallback()
+    precision = resolve_precision(spec.training, ctx.device)
+    counter = CountingCollator(ctx.kind.collator(setup.processor))
+    context = setup.data["mean_tokens_per_example"]
+    flops, parts = flops_per_token(setup.model, context) if context else (None, {})
+    meter = ThroughputMeter(counter, flops, parts, *peak_flops(ctx.device, precision))
+    progress = ProgressCallback(ctx.log, spec.training.log_every_steps, meter=meter)
     trainer = build_trainer(
         setup.model,
-        ctx.kind.collator(setup.processor),
+        counter,
         setup.features,
         spec.training,
         output_dir=setup.out / "trainer",
         device=ctx.device,
         token_loss=ctx.kind.token_loss,
-        callbacks=[ProgressCallback(ctx.log, spec.training.log_every_steps), saver, first_steps, divergence],
-        deepspeed=deepspeed_config(spec.distribution, spec.training.precision)
-        if spec.distribution.strategy == "deepspeed"
-        else None,
+        callbacks=[meter, progress, saver, first_steps, divergence],
+        deepspeed=deepspeed_config(spec.distribution, precision) if spec.distribution.strategy == "deepspeed" else None,
         eval_features=setup.eval_features,
+        precision=precision,
     )
     try:
         trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
@@ -394,7 +421,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
             f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
             f"committed checkpoints: {saver.committed or 'none in this process'}"
         )
-    return trainer, saver, first_steps
+    return trainer, saver, first_steps, meter
 
 
 def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:

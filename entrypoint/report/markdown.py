@@ -86,6 +86,7 @@ def render_markdown(results: dict) -> str:
                     f"| {split} | {g['metric']} | {g['baseline']:.3f} | {g['trial']:.3f} | {g['change']:+.3f} | "
                     f"{g['tolerance']:.3f} | {'pass' if g['passed'] else 'FAIL'} |"
                 )
+    lines += ["", "## Throughput", "", *_throughput_lines(results["trials"])]
     lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
     lines += [
         "",
@@ -137,6 +138,32 @@ def summary_table(results: dict) -> str:
             + ("  (sealed test split, opened once)" if split == "test" else "")
         )
     return "\n".join(lines)
+
+
+def _throughput_lines(trials: list[dict]) -> list[str]:
+    """Per trial: tokens/s (non-padding), the padding share, MFU, and the settings that decide them."""
+    lines = [
+        "Non-padding tokens per second after the first logging window (warm-up), for the process that finished "
+        "each trial; MFU is model FLOPs per token (6 per trainable and 4 per frozen weight, plus attention) times "
+        "tokens/s per device over the device's dense bf16 peak.",
+        "",
+        "| trial | precision | attention | packing | tokens/s | per device | padding | MFU | peak |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in trials:
+        p = t.get("throughput")
+        if not p:
+            continue
+        rate = "-" if p["tokens_per_s"] is None else f"{p['tokens_per_s']:,.0f}"
+        device = "-" if p["tokens_per_s_per_device"] is None else f"{p['tokens_per_s_per_device']:,.0f}"
+        padding = "-" if p["padding_share"] is None else f"{p['padding_share']:.1%}"
+        mfu = "-" if p["mfu"] is None else f"{p['mfu']:.1%}"
+        attention = (p["attn_implementation"] or "-") + (" + liger" if p["liger"] else "")
+        lines.append(
+            f"| {t['id']} | {p['precision'] or '-'} | {attention} | {'yes' if p['packing'] else 'no'} | {rate} | "
+            f"{device} | {padding} | {mfu} | {p['peak_source'] or '-'} |"
+        )
+    return lines
 
 
 def _checkpoint_lines(trials: list[dict]) -> list[str]:

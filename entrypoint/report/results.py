@@ -17,7 +17,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["RESULTS_VERSION", "Results", "bar_family", "checkpoint_summary", "config_sha256", "limitations"]
+__all__ = [
+    "RESULTS_VERSION",
+    "Results",
+    "bar_family",
+    "checkpoint_summary",
+    "config_sha256",
+    "limitations",
+    "throughput_summary",
+]
 
 RESULTS_VERSION = "rentune-results-1"
 
@@ -45,6 +53,22 @@ class CheckpointSummary(_Strict):
     interval: dict[str, Any] | None  # every_minutes: auto: the chosen interval and the measured cost
 
 
+class ThroughputSummary(_Strict):
+    """How fast the process that finished the trial trained (after its first logging window)."""
+
+    tokens_per_s: float | None  # non-padding tokens, all processes
+    tokens_per_s_per_device: float | None
+    padding_share: float | None  # of the tokens the model computed on
+    mfu: float | None  # on a GPU with a known peak; model FLOPs as entrypoint/training/throughput.py counts them
+    flops_per_token: float | None
+    peak_flops_per_device: float | None
+    peak_source: str | None
+    precision: str | None  # training.precision as resolved on the device
+    attn_implementation: str | None
+    packing: bool
+    liger: bool
+
+
 class TrialResult(_Strict):
     id: str
     reference: str | None
@@ -63,6 +87,24 @@ class TrialResult(_Strict):
     losses: list[dict[str, float]]
     eval_losses: list[dict[str, float]]
     checkpoints: CheckpointSummary | None
+    throughput: ThroughputSummary | None
+
+
+def throughput_summary(record: dict) -> dict | None:
+    """A trial's ThroughputSummary from its result.json (None for a trial that never trained here)."""
+    measured = record.get("throughput")
+    if measured is None:
+        return None
+    keys = ("tokens_per_s", "tokens_per_s_per_device", "padding_share", "mfu", "flops_per_token")
+    return {
+        **{k: measured.get(k) for k in keys},
+        "peak_flops_per_device": measured.get("peak_flops_per_device"),
+        "peak_source": measured.get("peak_source"),
+        "precision": record.get("precision"),
+        "attn_implementation": record.get("attn_implementation"),
+        "packing": bool(record.get("settings", {}).get("training", {}).get("packing")),
+        "liger": bool(record.get("liger")),
+    }
 
 
 def checkpoint_summary(record: dict) -> dict | None:

@@ -1,15 +1,18 @@
-"""The device a job trains on, decided once: the one place that checks the spec's backend, device and
-precision against what this process's torch can do. The runner calls `preflight` before any phase; every
-phase gets the same answer from `resolve_device`."""
+"""The device a job trains on, decided once: the one place that checks the spec's backend, device,
+precision, attention implementation and kernels against what this process's torch and image can do. The
+runner calls `preflight` before any phase; every phase gets the same answers from `resolve_device` and
+`resolve_precision`."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
 from entrypoint.errors import InvalidInput
-from jobspec.schema import Training
+from jobspec.schema import Model, Training
 
-__all__ = ["Unsupported", "backend", "preflight", "resolve_device"]
+__all__ = ["Unsupported", "backend", "preflight", "resolve_device", "resolve_precision"]
 
 
 class Unsupported(InvalidInput):
@@ -31,9 +34,22 @@ def resolve_device(training: Training) -> torch.device:
     return torch.device(wanted)
 
 
-def preflight(training: Training) -> torch.device:
-    """Refuse an image built for another stack, a device that is not there, or a precision the device
-    cannot train in. Returns the device."""
+def resolve_precision(training: Training, device: torch.device) -> str:
+    """`training.precision` made concrete: auto is bf16 mixed precision on a GPU that supports it (Ampere
+    and later, MI200 and later), fp32 elsewhere (the CPU, older GPUs)."""
+    if training.precision != "auto":
+        return training.precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def preflight(training: Training, model: Model | None = None) -> torch.device:
+    """Refuse an image built for another stack, a device that is not there, a precision the device cannot
+    train in, or an attention implementation or kernels the image lacks: said before any compute is spent,
+    never replaced by a slower fallback. Returns the device."""
     have = backend()
     if training.backend != "any" and training.backend != have:
         built = {"rocm": f"ROCm (HIP {torch.version.hip})", "cuda": f"CUDA {torch.version.cuda}", "cpu": "CPU only"}
@@ -46,4 +62,17 @@ def preflight(training: Training) -> torch.device:
         raise Unsupported("training.precision: fp16 needs a CUDA or ROCm device; use bf16 or fp32 on CPU")
     if training.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise Unsupported(f"training.precision: bf16 is not supported by {torch.cuda.get_device_name(device)}")
+    if training.liger and not _installed("liger_kernel"):
+        raise Unsupported(
+            "training.liger: the liger-kernel package is not installed in this image (it needs a GPU and Triton); "
+            "set training.liger: false or use an image with `pip install liger-kernel`"
+        )
+    if model is not None and model.attn_implementation == "flash_attention_2":
+        if device.type != "cuda":
+            raise Unsupported("model.attn_implementation: flash_attention_2 needs a CUDA or ROCm device; use sdpa")
+        if not _installed("flash_attn"):
+            raise Unsupported(
+                "model.attn_implementation: flash_attention_2 needs the flash-attn package, which this image lacks; "
+                "use sdpa (`rentune env` shows what an image has) or install flash-attn in the image"
+            )
     return device

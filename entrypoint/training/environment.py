@@ -21,6 +21,8 @@ _PACKAGES = (
     "boto3",
     "pydantic",
     "deepspeed",
+    "flash-attn",
+    "liger-kernel",
 )
 
 

@@ -13,6 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from entrypoint.context import PhaseContext
+from entrypoint.data.packing import step_rows
 from entrypoint.phases import data as data_phase
 from entrypoint.phases import probe as probe_phase
 from entrypoint.store import FileStore, PrefixedStore
@@ -66,7 +67,9 @@ def test_probe_records_four_variants_and_verifies_them(tmp_path, bert):
     assert variants["accumulation"]["accumulated"] == 2 and variants["combined"]["checkpointing"]
     checks = result["gradient_checks"]["max_relative_difference"]
     assert set(checks) == {"checkpointing_vs_plain", "accumulation_vs_one_batch", "combined_vs_accumulation"}
-    assert all(diff <= probe_phase.GRAD_RTOL for diff in checks.values())
+    assert all(diff <= probe_phase.GRAD_RTOL["fp32"] for diff in checks.values())
+    assert (result["precision"], result["precision_setting"]) == ("fp32", "auto")  # auto on the CPU
+    assert result["train_rows"] == len(ctx.read_split("train")) and not result["packing"]
     assert variants["plain"]["parameter_check"]["passed"]
     estimate = result["estimate_bytes"]
     assert estimate["gradients"] > 0 and estimate["optimizer"] == 2 * estimate["gradients"]  # fp32 AdamW
@@ -78,10 +81,10 @@ def test_probe_that_does_not_fit_says_what_would(tmp_path, bert, monkeypatch):
     ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
     real_step = probe_phase._step
 
-    def step_that_fits_only_with_checkpointing(model, micro, causal, checkpointing, optimizer, device):
+    def step_that_fits_only_with_checkpointing(model, micro, causal, checkpointing, optimizer, device, precision):
         if not checkpointing:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_step(model, micro, causal, checkpointing, optimizer, device)
+        return real_step(model, micro, causal, checkpointing, optimizer, device, precision)
 
     monkeypatch.setattr(probe_phase, "_step", step_that_fits_only_with_checkpointing)
     with pytest.raises(OutOfMemory) as caught:
@@ -130,7 +133,7 @@ def _one_sgd_step(tmp_path: Path, spec: dict, rows: list[dict], labels: list[str
     tokenizer = kind.processor(folder)
     torch.manual_seed(0)
     model = kind.build(folder, labels, ctx.spec.adaptation)
-    features = [e.features for e in kind.encode(tokenizer, rows, labels)]
+    features = step_rows(ctx.spec, [e.features for e in kind.encode(tokenizer, rows, labels)])
     trainer = build_trainer(
         model,
         kind.collator(tokenizer),
@@ -181,6 +184,75 @@ def test_accumulation_equals_one_batch_of_n_times_the_size(tmp_path, bert, llama
         torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-7)
         moved += int((whole[name] != 0).any())
     assert moved > 0
+
+
+def _causal_rows(n: int = 64) -> list[dict]:
+    rng = random.Random(0)
+    return [
+        {"prompt": f"item {i}", "response": " ".join(rng.choice(["a", "b", "c"]) for _ in range(rng.randint(1, 20)))}
+        for i in range(n)
+    ]
+
+
+def _causal_spec(model: Path, **training) -> dict:
+    spec = _classification_spec(model, **training)
+    spec["hypothesis"].update({"task": "format", "format": {"expect_json": False, "regex": ".+"}})
+    spec["adaptation"]["target_modules"] = ["q_proj", "v_proj"]
+    return spec
+
+
+def test_a_packed_step_equals_the_unpacked_step_over_the_same_examples(tmp_path, llama):
+    """One SGD step over all 64 examples through the real Trainer: padded batches (2 x 32 examples) and
+    packed rows (2 microbatches of rows). Per-token normalisation across the accumulated batch and no
+    attention between examples make the update the same."""
+    rows = [{**r, "label": "all"} for r in _causal_rows()]
+    common = {"max_steps": 1, "optimizer": "sgd", "learning_rate": 0.5, "seed": 11, "max_grad_norm": 0}
+    spec = _causal_spec(llama, **common)
+    spec["training"].update(microbatch=32, grad_accum=2)
+    unpacked = _one_sgd_step(tmp_path / "padded", spec, rows, ["all"])
+    ctx = _ctx(tmp_path / "count", {**spec, "training": {**spec["training"], "packing": True}})
+    tokenizer = ctx.kind.processor(ctx.model_dir)
+    n_rows = len(step_rows(ctx.spec, [e.features for e in ctx.kind.encode(tokenizer, rows, ["all"])]))
+    assert n_rows < 40  # several examples per row, or the test would not test packing
+    spec["training"].update(microbatch=-(-n_rows // 2), grad_accum=2, packing=True)
+    packed = _one_sgd_step(tmp_path / "packed", spec, rows, ["all"])
+    assert packed.keys() == unpacked.keys()
+    for name in unpacked:
+        torch.testing.assert_close(packed[name], unpacked[name], rtol=1e-4, atol=1e-6)
+    assert any((unpacked[name] != 0).any() for name in unpacked)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_probe_measures_full_packed_rows(tmp_path, llama, precision):
+    """With packing the probe's step is microbatch rows of exactly max_length tokens (the worst case), its
+    checks pass in the precision training uses, and it counts the rows a training epoch draws from."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({**r, "response": r["response"]}) + "\n" for r in _causal_rows(80)))
+    spec = _causal_spec(llama, packing=True, precision=precision)
+    spec["data"] = {"source": str(data), "leaks": {"test": "warn", "eval": "warn"}}
+    spec["model"]["max_length"] = 48
+    ctx = _ctx(tmp_path, spec)
+    ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
+    shapes = []
+    real_step = probe_phase._step
+
+    def recording_step(model, micro, *args):
+        shapes.extend(tuple(m["input_ids"].shape) for m in micro)
+        assert all("position_ids" in m and "attention_mask" not in m for m in micro)
+        return real_step(model, micro, *args)
+
+    probe_phase._step, saved = recording_step, probe_phase._step
+    try:
+        result = probe_phase.run(ctx)
+    finally:
+        probe_phase._step = saved
+    assert set(shapes) == {(4, 48)}  # microbatch 4 rows, each full
+    assert result["precision"] == precision and result["packing"]
+    examples = len(ctx.read_split("train"))
+    assert 0 < result["train_rows"] < examples
+    checks = result["gradient_checks"]
+    assert checks["tolerance"] == probe_phase.GRAD_RTOL[precision]
+    assert all(diff <= checks["tolerance"] for diff in checks["max_relative_difference"].values())
 
 
 def _hub_cache(tmp_path: Path, source: Path, commit: str) -> Path:

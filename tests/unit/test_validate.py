@@ -60,6 +60,10 @@ BAD_SPECS = [
     ("dropout-one", _with("adaptation.dropout", 1.0), "adaptation.dropout", "less than 1"),
     ("eval-share-half", _with("data.split.eval", 0.6), "data.split.eval", "less than 0.5"),
     ("empty-targets", _with("adaptation.target_modules", []), "adaptation.target_modules", "at least 1"),
+    ("packing-classifier", _with("training.packing", True), "training.packing", "causal LMs"),
+    ("attn-classifier", _with("model.attn_implementation", "eager"), "model.attn_implementation", "causal LMs"),
+    ("attn-unknown", _with("model.attn_implementation", "flash3"), "model.attn_implementation", "flash_attention_2"),
+    ("precision-unknown", _with("training.precision", "fp8"), "training.precision", "'auto'"),
 ]
 _IN_BUCKET = _with("model", {"path": "s3://models-bucket/minilm/", "revision": "v1"})
 for case, path in [
