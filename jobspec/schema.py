@@ -290,10 +290,14 @@ class LeakPolicy(_Section):
 
 class Data(_Section):
     modality: Literal["text", "image"] = Field(
-        "text", description="text: JSONL rows; image: an ImageFolder (a folder per category) or JSONL rows with paths."
+        "text",
+        description="text: JSONL or Parquet rows, or a datasets save_to_disk folder; image: an ImageFolder (a folder "
+        "per category) or JSONL rows with paths.",
     )
     source: PathStr | None = Field(
-        None, description="One JSONL file (local or s3://), or for images a folder or JSONL, that rentune splits."
+        None,
+        description="One JSONL or Parquet file or save_to_disk folder (local or s3://), or for images a folder or "
+        "JSONL, that rentune splits.",
     )
     files: SplitFiles | None = Field(None, description="Or the three splits as given files.")
     text_field: str = Field("text", min_length=1, max_length=100, description="Classification: the input text.")

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.reading import DataError, RawFile, json_objects, refuse
+from entrypoint.data.reading import DataError, RawFile, records, refuse
 
 __all__ = [
     "ChatTemplate",
     "TemplateError",
-    "chat_rows_from_jsonl",
+    "chat_rows_from_file",
     "clean_chat",
     "encode_chat",
 ]
@@ -106,14 +106,14 @@ def chat_row(turns: list[dict], label: str) -> dict:
     return {"messages": turns, "prompt": prompt, "response": turns[last]["content"], "label": label}
 
 
-def chat_rows_from_jsonl(raw: RawFile, fmt: str, group_field: str | None, train_on: str) -> list[dict]:
-    """Canonical chat rows of a JSONL file in `fmt`; DataError listing the bad lines as file:line: why."""
+def chat_rows_from_file(raw: RawFile, fmt: str, group_field: str | None, train_on: str) -> list[dict]:
+    """Canonical chat rows of a source in `fmt`; DataError listing the bad rows as file, row: why."""
     rows, errors = [], []
-    for number, obj in json_objects(raw, errors):
+    for where, obj in records(raw, errors):
         turns, problem = _turns(obj, fmt)
         problem = problem or _problem(turns, train_on)
         if problem:
-            errors.append(f"{raw.name}:{number}: {problem}")
+            errors.append(f"{where}: {problem}")
             continue
         group = obj.get(group_field, "all") if group_field else "all"
         rows.append(chat_row(turns, group if isinstance(group, str) else str(group)))

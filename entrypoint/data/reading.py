@@ -1,11 +1,16 @@
-"""Reading examples: JSONL from a local file or an s3:// object, each row checked and reduced to the
-canonical fields the task needs. Every error names the file and the line."""
+"""Reading examples from a local file, folder or an s3:// object: JSONL, Parquet, or a folder written by
+`datasets.Dataset.save_to_disk` (Arrow files). Each row is checked and reduced to the canonical fields the
+task needs; every error names the file and the row (the JSONL line; the Parquet row with its row group).
+
+Parquet and Arrow rows are counted from 0, as pyarrow, pandas and `datasets` count them; JSONL lines from 1,
+as editors count them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +18,19 @@ from entrypoint.errors import InvalidInput
 from entrypoint.job.state import jsonl_lines
 from jobspec.schema import Store
 
-__all__ = ["MAX_ERRORS", "DataError", "RawFile", "json_objects", "read_source", "refuse", "rows_from_jsonl"]
+__all__ = [
+    "MAX_ERRORS",
+    "DataError",
+    "RawFile",
+    "json_objects",
+    "read_source",
+    "records",
+    "refuse",
+    "rows_from_file",
+]
 
 MAX_ERRORS = 20  # lines listed in one error: enough to see the pattern, short enough to read
+PARQUET_MAGIC = b"PAR1"
 
 
 class DataError(InvalidInput):
@@ -24,13 +39,29 @@ class DataError(InvalidInput):
 
 @dataclass(frozen=True)
 class RawFile:
+    """A source's bytes as read, before any row is parsed. `format` is jsonl, parquet or dataset (a
+    `save_to_disk` folder, whose Arrow files are `files`, in the dataset's order)."""
+
     name: str  # as the user wrote it, for messages
     data: bytes
+    format: str = "jsonl"
+    files: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def sha256(self) -> str:
+        """The source's content hash: the file's bytes, or a saved dataset's Arrow files by name."""
+        if self.format != "dataset":
+            return hashlib.sha256(self.data).hexdigest()
+        digest = hashlib.sha256()
+        for name, data in self.files:
+            digest.update(f"{name}\0{hashlib.sha256(data).hexdigest()}\n".encode())
+        return digest.hexdigest()
 
 
 def read_source(location: str, store_options: Store, field: str) -> RawFile:
-    """Bytes of a local path (`file://` allowed) or an `s3://bucket/key` object. `field` names the spec
-    field in errors. Relative local paths resolve against the working directory."""
+    """A local path (`file://` allowed) or an `s3://bucket/key`: a JSONL or Parquet file, or a saved
+    dataset's folder (prefix). `field` names the spec field in errors. Relative local paths resolve
+    against the working directory."""
     if location.startswith("s3://"):
         from entrypoint.store import ObjectNotFound
         from entrypoint.store.s3 import S3Store
@@ -44,37 +75,157 @@ def read_source(location: str, store_options: Store, field: str) -> RawFile:
             region=store_options.region,
             addressing_style=store_options.addressing_style,
         )
+        key = key.rstrip("/")
         try:
-            return RawFile(location, store.get_bytes(key))
+            return _typed(location, store.get_bytes(key), field)
         except ObjectNotFound:
-            raise DataError(f"{field}: {location}: no such object") from None
+            pass
+        if store.head(f"{key}/state.json") is None and store.head(f"{key}/dataset_dict.json") is None:
+            raise DataError(f"{field}: {location}: no such object (nor a saved dataset's state.json under it)")
+
+        def fetch(name: str) -> bytes | None:
+            try:
+                return store.get_bytes(f"{key}/{name}")
+            except ObjectNotFound:
+                return None
+
+        return _saved_dataset(location, fetch, field)
     path = Path(location.removeprefix("file://"))
+    if path.is_dir():
+
+        def read(name: str) -> bytes | None:
+            file = path / name
+            return file.read_bytes() if file.is_file() else None
+
+        return _saved_dataset(location, read, field)
     try:
-        return RawFile(location, path.read_bytes())
+        return _typed(location, path.read_bytes(), field)
     except FileNotFoundError:
-        near = sorted(p.name for p in path.parent.glob("*.jsonl")) if path.parent.is_dir() else []
+        folder = path.parent
+        near = sorted(p.name for p in folder.iterdir() if p.suffix in (".jsonl", ".parquet")) if folder.is_dir() else []
         hint = f"; files there: {', '.join(near[:5])}" if near else ""
         raise DataError(f"{field}: file not found ({path}, resolved from {Path.cwd()}){hint}") from None
-    except IsADirectoryError:
-        raise DataError(f"{field}: {path} is a folder; expected a JSONL file") from None
 
 
-def rows_from_jsonl(
+def _typed(name: str, data: bytes, field: str) -> RawFile:
+    """A file's format from its content (Parquet starts with PAR1) or its name."""
+    if data[:4] == PARQUET_MAGIC:
+        return RawFile(name, data, "parquet")
+    if name.endswith(".parquet"):
+        raise DataError(
+            f"{field}: {name}: not a Parquet file (it does not start with the Parquet magic bytes PAR1); "
+            "expected Parquet, or rename a JSONL file to .jsonl"
+        )
+    return RawFile(name, data, "jsonl")
+
+
+def _saved_dataset(name: str, read: Callable[[str], bytes | None], field: str) -> RawFile:
+    """A `datasets.Dataset.save_to_disk` folder: `state.json` lists its Arrow files in order."""
+    state = read("state.json")
+    if state is None:
+        splits = read("dataset_dict.json")
+        if splits is not None:
+            names = json.loads(splits).get("splits", [])
+            raise DataError(
+                f"{field}: {name} is a DatasetDict (splits {', '.join(names)}); point {field} at one split's "
+                f"folder (e.g. {name.rstrip('/')}/{names[0] if names else 'train'})"
+            )
+        raise DataError(
+            f"{field}: {name} is a folder without state.json; expected a JSONL or Parquet file, or a folder "
+            "written by datasets' save_to_disk"
+        )
+    try:
+        files = [entry["filename"] for entry in json.loads(state)["_data_files"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        what = f"unreadable ({exc!r}); expected the state.json save_to_disk writes"
+        raise DataError(f"{field}: {name}/state.json: {what}") from None
+    contents = []
+    for file in files:
+        data = read(file)
+        if data is None:
+            raise DataError(f"{field}: {name}/{file}: listed in state.json but missing; save the dataset again")
+        contents.append((file, data))
+    return RawFile(name, b"", "dataset", tuple(contents))
+
+
+def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
+    """(where, object) for every row of `raw` in order; `where` names the file and the row for messages.
+    Rows that are not objects add an error to `errors` instead (JSONL). Raises DataError for a file that
+    cannot be read at all, naming the damaged part."""
+    if raw.format == "jsonl":
+        for number, obj in json_objects(raw, errors):
+            yield f"{raw.name}:{number}", obj
+        return
+    import pyarrow as pa
+
+    count = 0
+    if raw.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(pa.BufferReader(raw.data))
+        except (pa.ArrowException, OSError) as exc:
+            what = f"not a readable Parquet file ({_one_line(exc)}); write the file again"
+            raise DataError(f"{raw.name}: {what}") from None
+        for group in range(parquet.num_row_groups):
+            try:
+                table = parquet.read_row_group(group)
+            except (pa.ArrowException, OSError) as exc:
+                rows = parquet.metadata.row_group(group).num_rows
+                raise DataError(
+                    f"{raw.name}: row group {group} (rows {count} to {count + rows - 1}) cannot be read "
+                    f"({_one_line(exc)}); the file is damaged: write it again"
+                ) from None
+            for index, obj in enumerate(table.to_pylist()):
+                yield f"{raw.name}: row {count} (row group {group}, index {index})", _without_nulls(obj)
+                count += 1
+    else:
+        for file, data in raw.files:
+            try:
+                batches = list(pa.ipc.open_stream(pa.BufferReader(data)))
+            except (pa.ArrowException, OSError) as exc:
+                what = f"not a readable Arrow file ({_one_line(exc)}); save the dataset again"
+                raise DataError(f"{raw.name}/{file}: {what}") from None
+            index = 0
+            for batch in batches:
+                for obj in batch.to_pylist():
+                    yield f"{raw.name}/{file}: row {count} (index {index} in this file)", _without_nulls(obj)
+                    count += 1
+                    index += 1
+    if count == 0:
+        raise DataError(f"{raw.name}: no examples (no rows); expected one example per row")
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _without_nulls(value):
+    """Arrow gives every struct all of its column's fields, with None for those a row lacks; a field that is
+    null is treated as absent, as in JSONL."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def rows_from_file(
     raw: RawFile, wanted: Mapping[str, str], declared: Sequence[str] | None, group_field: str | None = None
 ) -> list[dict]:
     """Canonical rows: each `wanted` canonical name (e.g. "text", "label") -> the value of its field in the
     row (`{"text": "body", "label": "category"}`), which must be text. With `group_field`, "label" is that
     field's value when present (its group, for per-group metrics), "all" otherwise. Labels outside
-    `declared` are errors. Raises DataError listing up to 20 bad lines, each naming file and line."""
+    `declared` are errors. Raises DataError listing up to 20 bad rows, each naming file and row."""
     declared_set = set(declared) if declared else None
     rows, errors = [], []
-    for number, obj in json_objects(raw, errors):
+    for where, obj in records(raw, errors):
         row, bad = {}, False
         for canonical, name in wanted.items():
             value = obj.get(name)
             if not isinstance(value, str):
                 what = "missing" if value is None else f"a {type(value).__name__}"
-                errors.append(f"{raw.name}:{number}: field {name!r} (data.{canonical}_field) is {what}; expected text")
+                errors.append(f"{where}: field {name!r} (data.{canonical}_field) is {what}; expected text")
                 bad = True
             else:
                 row[canonical] = value
@@ -83,7 +234,7 @@ def rows_from_jsonl(
             row["label"] = group if isinstance(group, str) else str(group)
         if not bad and declared_set is not None and row["label"] not in declared_set:
             allowed = ", ".join(sorted(declared_set))
-            errors.append(f"{raw.name}:{number}: label {row['label']!r} is not one of data.labels ({allowed})")
+            errors.append(f"{where}: label {row['label']!r} is not one of data.labels ({allowed})")
             bad = True
         if not bad:
             rows.append(row)

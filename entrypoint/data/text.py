@@ -1,10 +1,9 @@
-"""Text examples for the text kinds (classifier, causal LM): the spec's JSONL sources read, cleaned and
-exactly de-duplicated, and the leak check between splits on their text. Each kind says which fields it
-reads (`wanted`) and which of them identify an example (`key_fields`)."""
+"""Text examples for the text kinds (classifier, causal LM): the spec's sources (JSONL, Parquet, saved
+datasets) read, cleaned and exactly de-duplicated, and the leak check between splits on their text. Each
+kind says which fields it reads (`wanted`) and which of them identify an example (`key_fields`)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from entrypoint.data.inspection import build_inspection, length_stats, packed_ro
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
 from entrypoint.data.packing import pack
-from entrypoint.data.reading import DataError, RawFile, read_source, rows_from_jsonl
+from entrypoint.data.reading import DataError, RawFile, read_source, rows_from_file
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
 from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
@@ -58,8 +57,8 @@ def read_text_parts(
     for name, location in sources.items():
         field = "data.source" if name == "all" else f"data.files.{name}"
         raw = read_source(location, spec.store, field)
-        hashes[location] = hashlib.sha256(raw.data).hexdigest()
-        rows = parse(raw) if parse else rows_from_jsonl(raw, wanted, data.labels, group_field)
+        hashes[location] = raw.sha256
+        rows = parse(raw) if parse else rows_from_file(raw, wanted, data.labels, group_field)
         read[name] = len(rows)
         rows, counts = clean(rows) if clean else apply_rules(rows, tuple(key_fields), data.clean)
         touched.update(counts)

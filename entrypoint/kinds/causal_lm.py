@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows_from_jsonl, clean_chat, encode_chat
+from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows_from_file, clean_chat, encode_chat
 from entrypoint.data.encoding import (
     IGNORE_INDEX,
     encode_causal,
@@ -55,7 +55,7 @@ class CausalLM:
             wanted,
             ("prompt", "response"),
             group_field=data.label_field,
-            parse=lambda raw: chat_rows_from_jsonl(raw, data.format, data.label_field, data.train_on),
+            parse=lambda raw: chat_rows_from_file(raw, data.format, data.label_field, data.train_on),
             clean=lambda rows: clean_chat(rows, data.clean),
         )
 
