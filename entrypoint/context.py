@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from entrypoint.data.tokens import open_tokens
 from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
 from entrypoint.kinds import JobKind, kind_for
 from entrypoint.store import Store, open_store
@@ -57,6 +58,15 @@ class PhaseContext:
         """A split as the data phase committed it, made ready for the model on this node by the kind."""
         key = f"phases/data/{name}.jsonl"
         return self.kind.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
+
+    def encoded(self, name: str, processor, labels: list[str]) -> Sequence:
+        """A split exactly as the trainer sees it (data.encoding.Encoded per row): the tokens the data
+        phase stored, memory-mapped on this node (data/tokens.py), never tokenized again; kinds that store
+        none (images) encode the split here."""
+        record = self.data_result.get("tokens")
+        if not record:
+            return self.kind.encode(processor, self.read_split(name), labels)
+        return open_tokens(self.store, record, name, self.workdir, self.log)
 
     @functools.cached_property
     def data_result(self) -> dict:

@@ -76,10 +76,14 @@ def text_leaks(
     return Leaks(find_leaks(texts, pairs, threshold=threshold), texts, LEAKCHECK_VERSION, threshold)
 
 
-def text_inspection(kind, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
-    """The text kinds' inspection: examples per category as the trainer sees them, and lengths per split."""
+def text_inspection(
+    kind, processor, splits: dict[str, list[dict]], labels: list[str], encoded: dict | None = None
+) -> tuple[dict, str, dict]:
+    """The text kinds' inspection: examples per category as the trainer sees them, and lengths per split
+    (`encoded`: the splits as the data phase encoded them; encoded here when None)."""
     spec = kind.spec
-    encoded = {name: kind.encode(processor, rows, labels) for name, rows in splits.items()}
+    if encoded is None:
+        encoded = {name: kind.encode(processor, rows, labels) for name, rows in splits.items()}
     stats = {name: length_stats(items, spec.model.max_length) for name, items in encoded.items()}
     records = build_inspection(
         processor, splits["train"], encoded["train"], spec.data.inspect_per_category, spec.model.max_length, labels

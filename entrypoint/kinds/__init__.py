@@ -50,6 +50,7 @@ class JobKind(Protocol):
 
     name: str  # "text_classifier" | "image_classifier" | "causal_lm"
     token_loss: bool  # loss normalised per token across an accumulated batch (else per example)
+    stores_tokens: bool  # the data phase stores encoded splits (data/tokens.py) that later phases map
 
     # -- data phase ------------------------------------------------------------------------------------
     def read(self) -> DataParts:
@@ -67,8 +68,11 @@ class JobKind(Protocol):
     def recipe(self, folder: Path, processor) -> dict:
         """Everything besides the examples that decides what training sees (versions, hashes, settings)."""
 
-    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
-        """The inspection (JSON), its markdown, and extra files to store (name -> bytes)."""
+    def inspect(
+        self, processor, splits: dict[str, list[dict]], labels: list[str], encoded: dict | None
+    ) -> tuple[dict, str, dict]:
+        """The inspection (JSON), its markdown, and extra files to store (name -> bytes). `encoded`: the
+        splits as encoded once by the data phase (stores_tokens kinds), else None."""
 
     def fetch(self, store, rows: list[dict], workdir: Path) -> list[dict]:
         """Committed rows made ready for the model on this node (images downloaded and checked)."""

@@ -32,6 +32,7 @@ __all__ = ["CausalLM"]
 class CausalLM:
     name = "causal_lm"
     token_loss = True  # the loss is per response token across the whole accumulated batch
+    stores_tokens = True
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
@@ -82,8 +83,8 @@ class CausalLM:
             "end_of_turn": template.end_of_turn,
         }
 
-    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
-        return text_inspection(self, processor, splits, labels)
+    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str], encoded) -> tuple[dict, str, dict]:
+        return text_inspection(self, processor, splits, labels, encoded)
 
     def fetch(self, store, rows: list[dict], workdir: Path) -> list[dict]:
         return rows  # everything is in the row

@@ -44,6 +44,7 @@ NEW_HEAD = ("classifier",)
 class ImageClassifier:
     name = "image_classifier"
     token_loss = False
+    stores_tokens = False  # pixel tensors: encoded from the image files in each phase
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
@@ -116,7 +117,7 @@ class ImageClassifier:
             "processor_sha256": processor_sha256(folder),
         }
 
-    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
+    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str], encoded) -> tuple[dict, str, dict]:
         """What the files are, and what the model receives after the exact transform: per category sizes,
         modes, the share resized and converted, shape and range after the transform, and a PNG grid."""
         data = self.spec.data

@@ -24,6 +24,7 @@ NEW_HEAD = ("classifier", "score")
 class TextClassifier:
     name = "text_classifier"
     token_loss = False  # one label per sequence: the loss is per example
+    stores_tokens = True
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
@@ -45,8 +46,8 @@ class TextClassifier:
     def recipe(self, folder: Path, processor) -> dict:
         return text_recipe(self.spec, folder, "classification")
 
-    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str]) -> tuple[dict, str, dict]:
-        return text_inspection(self, processor, splits, labels)
+    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str], encoded) -> tuple[dict, str, dict]:
+        return text_inspection(self, processor, splits, labels, encoded)
 
     def fetch(self, store, rows: list[dict], workdir: Path) -> list[dict]:
         return rows  # everything is in the row

@@ -24,6 +24,7 @@ from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse
 from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
+from entrypoint.data.tokens import TOKENS_FORMAT, TokenizedSplit, tokenize, tokens_key, tokens_store_key, write_tokens
 from entrypoint.evaluation.seal import check_seal
 from entrypoint.job.state import to_jsonl
 
@@ -55,8 +56,9 @@ def run(ctx: PhaseContext) -> dict:
     processor = kind.processor(ctx.model_dir)
     recipe = kind.recipe(ctx.model_dir, processor)
     version = data_version(kind.version_rows(canonical), recipe)
-    inspection, markdown, files = kind.inspect(processor, splits, labels)
-    smoke = smoke_pass(ctx, processor, splits, labels)
+    encoded, tokens = store_tokens(ctx, processor, canonical, labels, version) if kind.stores_tokens else (None, None)
+    inspection, markdown, files = kind.inspect(processor, splits, labels, encoded)
+    smoke = smoke_pass(ctx, processor, splits, labels, encoded)
     for name, content in files.items():
         ctx.store.put_bytes(f"phases/data/{name}", content)
     ctx.write_json("phases/data/inspection.json", {**inspection, "smoke": smoke})
@@ -84,10 +86,36 @@ def run(ctx: PhaseContext) -> dict:
         "smoke": smoke["splits"],
         "recipe": recipe,
         "data_version": version,
+        **({"tokens": tokens} if tokens else {}),
     }
 
 
-def smoke_pass(ctx: PhaseContext, processor, splits: dict[str, list[dict]], labels: list[str]) -> dict:
+def store_tokens(
+    ctx: PhaseContext, processor, canonical: dict[str, list[dict]], labels: list[str], version: str
+) -> tuple[dict[str, TokenizedSplit], dict]:
+    """Encode every split once, as training will see it, write it to an Arrow file in this node's token
+    cache and commit it to the store (data/tokens.py). Returns the memory-mapped splits and the record
+    later phases find them by (key, and rows, bytes and sha256 per split)."""
+    key = tokens_key(version, ctx.spec.model.max_length, labels)
+    folder = ctx.workdir / "tokens" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    encoded, files = {}, {}
+    for name, rows in canonical.items():
+        path = folder / f"{name}.arrow"
+        chunks = tokenize(lambda part: ctx.kind.encode(processor, part, labels), rows, name, ctx.log)
+        files[name] = write_tokens(chunks, path)
+        sent = ctx.store.put_file(tokens_store_key(key, name), path)
+        if sent != files[name]["sha256"]:
+            raise RuntimeError(f"data: {path} changed while it was uploaded; run the job again")
+        encoded[name] = TokenizedSplit(path)
+    total = sum(f["bytes"] for f in files.values())
+    ctx.log(f"data: tokenized once: {sum(f['rows'] for f in files.values()):,} examples, {total / 1e6:.1f} MB stored")
+    return encoded, {"key": key, "format": TOKENS_FORMAT, "files": files}
+
+
+def smoke_pass(
+    ctx: PhaseContext, processor, splits: dict[str, list[dict]], labels: list[str], encoded: dict | None = None
+) -> dict:
     """One batch per split through the real collator, forward and loss: wiring errors show now, not after
     hours of training. Says nothing about quality. Records the input shape the model itself received."""
     kind = ctx.kind
@@ -106,7 +134,8 @@ def smoke_pass(ctx: PhaseContext, processor, splits: dict[str, list[dict]], labe
     model.eval()
     with torch.no_grad():
         for name, rows in splits.items():
-            batch = collate(step_rows(ctx.spec, [e.features for e in kind.encode(processor, rows[:size], labels)]))
+            items = encoded[name][:size] if encoded else kind.encode(processor, rows[:size], labels)
+            batch = collate(step_rows(ctx.spec, [e.features for e in items]))
             loss = model(**to_device(batch, ctx.device)).loss.item()
             if not math.isfinite(loss):
                 raise DataError(f"data: smoke pass on the {name} split gave a non-finite loss ({loss})")

@@ -24,6 +24,7 @@ import torch
 from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
+from entrypoint.data.tokens import features_of, full_lengths
 from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 
@@ -69,10 +70,12 @@ def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
     """`size` train examples, longest first, padded to exactly max_length: the worst case the trainer sees
     (with packing: `size` rows of exactly max_length tokens)."""
     kind = ctx.kind
-    encoded = sorted(kind.encode(processor, ctx.read_split("train"), labels), key=lambda e: -e.full_length)
-    features = [encoded[i % len(encoded)].features for i in range(size)]
+    split = ctx.encoded("train", processor, labels)
     if ctx.spec.training.packing:
-        features = _full_rows([e.features for e in encoded], size, ctx.spec.model.max_length)
+        max_length = ctx.spec.model.max_length  # a row takes at most max_length examples
+        features = _full_rows(_longest(split, min(len(split), size * max_length)), size, max_length)
+    else:
+        features = _longest(split, size)
     batch = kind.collator(processor)(features)
     pad = ctx.spec.model.max_length - batch["input_ids"].shape[1] if "input_ids" in batch else 0
     if pad > 0:
@@ -87,10 +90,17 @@ def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
 
 def _train_rows(ctx: PhaseContext, processor, labels: list[str]) -> int:
     """Rows a training epoch draws from: the train examples, or with packing the rows they pack into."""
-    rows = ctx.read_split("train")
+    split = ctx.encoded("train", processor, labels)
     if not ctx.spec.training.packing:
-        return len(rows)
-    return len(step_rows(ctx.spec, [e.features for e in ctx.kind.encode(processor, rows, labels)]))
+        return len(split)
+    return len(step_rows(ctx.spec, features_of(split)))
+
+
+def _longest(split, size: int) -> list[dict]:
+    """The features of the `size` longest examples (before truncation), cycling if there are fewer."""
+    lengths = full_lengths(split)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [split[order[i % len(order)]].features for i in range(size)]
 
 
 def _split(batch: dict, parts: int) -> list[dict]:

@@ -21,6 +21,7 @@ import fcntl
 import gc
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from transformers import set_seed
 
 from entrypoint.context import PhaseContext
 from entrypoint.data.packing import step_rows
+from entrypoint.data.tokens import features_of, token_counts
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import commit_status_key, dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
@@ -231,9 +233,9 @@ class _Setup:
     spec: JobSpec  # the trial's own settings on top of the job's
     processor: object
     model: torch.nn.Module
-    features: list[dict]
+    features: Sequence[dict]  # memory-mapped from the stored tokens (data/tokens.py), or packed rows
     eval_rows: list[dict]
-    eval_features: list[dict]
+    eval_features: Sequence[dict]
     adaptation: dict
     data: dict  # examples, rows (packed or not), mean tokens per example
     meta: dict  # what every checkpoint manifest of this trial records
@@ -301,10 +303,10 @@ def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
         model = kind.build(ctx.model_dir, labels, spec.adaptation)
     except ValueError as exc:  # e.g. peft: target modules not found in the base model
         raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
-    features = [e.features for e in kind.encode(processor, ctx.read_split("train"), labels)]
-    eval_rows = ctx.read_split("eval")
-    eval_features = [e.features for e in kind.encode(processor, eval_rows, labels)]
-    tokens = [len(f["input_ids"]) for f in features if "input_ids" in f]
+    eval_rows = ctx.read_split("eval")  # predictions on eval are generated from the rows
+    train_split, eval_split = ctx.encoded("train", processor, labels), ctx.encoded("eval", processor, labels)
+    features, eval_features = features_of(train_split), features_of(eval_split)
+    tokens = token_counts(train_split)
     data = {"examples": len(features), "mean_tokens_per_example": sum(tokens) / len(tokens) if tokens else None}
     if spec.training.packing:  # eval loss too: per token it is the same packed or not, and faster
         features, eval_features = step_rows(spec, features), step_rows(spec, eval_features)

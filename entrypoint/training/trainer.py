@@ -389,7 +389,7 @@ class FirstStepsCallback(TrainerCallback):
 def build_trainer(
     model,
     data_collator,
-    train_features: list[dict],
+    train_features: Sequence[dict],
     training: Training,
     *,
     output_dir: Path,
@@ -397,7 +397,7 @@ def build_trainer(
     token_loss: bool,
     callbacks: Sequence[TrainerCallback] = (),
     deepspeed: dict | None = None,
-    eval_features: list[dict] | None = None,
+    eval_features: Sequence[dict] | None = None,
     precision: str = "fp32",
 ) -> Trainer:
     """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody.
