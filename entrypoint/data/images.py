@@ -93,7 +93,7 @@ def _folder_rows(root: Path) -> list[dict]:
 
 def _jsonl_rows(path: Path, image_field: str, label_field: str) -> list[dict]:
     rows, errors = [], []
-    for number, obj in json_objects(RawFile(str(path), path.read_bytes()), errors):
+    for number, obj in json_objects(RawFile(str(path), path), errors):
         where = f"{path}:{number}"
         values = {}
         for field in (image_field, label_field):

@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.errors import InvalidInput
-from entrypoint.job.state import jsonl_lines
+from entrypoint.store.hashing import file_sha256
 from jobspec.schema import Store
 
 __all__ = [
@@ -23,7 +25,7 @@ __all__ = [
     "DataError",
     "RawFile",
     "json_objects",
-    "read_source",
+    "open_source",
     "records",
     "refuse",
     "rows_from_file",
@@ -39,93 +41,105 @@ class DataError(InvalidInput):
 
 @dataclass(frozen=True)
 class RawFile:
-    """A source's bytes as read, before any row is parsed. `format` is jsonl, parquet or dataset (a
-    `save_to_disk` folder, whose Arrow files are `files`, in the dataset's order)."""
+    """A source as found, before any row is parsed: a local file (for a bucket object, its downloaded
+    copy) read as a stream, never whole. `format` is jsonl, parquet or dataset (a `save_to_disk` folder,
+    whose Arrow files are `files`, in the dataset's order)."""
 
     name: str  # as the user wrote it, for messages
-    data: bytes
+    path: Path | None
     format: str = "jsonl"
-    files: tuple[tuple[str, bytes], ...] = ()
+    files: tuple[tuple[str, Path], ...] = ()
 
     @property
     def sha256(self) -> str:
         """The source's content hash: the file's bytes, or a saved dataset's Arrow files by name."""
         if self.format != "dataset":
-            return hashlib.sha256(self.data).hexdigest()
+            return file_sha256(self.path)
         digest = hashlib.sha256()
-        for name, data in self.files:
-            digest.update(f"{name}\0{hashlib.sha256(data).hexdigest()}\n".encode())
+        for name, path in self.files:
+            digest.update(f"{name}\0{file_sha256(path)}\n".encode())
         return digest.hexdigest()
 
 
-def read_source(location: str, store_options: Store, field: str) -> RawFile:
+@contextmanager
+def open_source(location: str, store_options: Store, field: str) -> Iterator[RawFile]:
     """A local path (`file://` allowed) or an `s3://bucket/key`: a JSONL or Parquet file, or a saved
     dataset's folder (prefix). `field` names the spec field in errors. Relative local paths resolve
-    against the working directory."""
-    if location.startswith("s3://"):
-        from entrypoint.store import ObjectNotFound
-        from entrypoint.store.s3 import S3Store
+    against the working directory. A bucket's files are downloaded to a temporary folder, removed on exit."""
+    if not location.startswith("s3://"):
+        yield _local(location, field)
+        return
+    from entrypoint.store import ObjectNotFound
+    from entrypoint.store.s3 import S3Store
 
-        bucket, _, key = location[len("s3://") :].partition("/")
-        if not key:
-            raise DataError(f"{field}: {location}: expected s3://bucket/key")
-        store = S3Store.from_uri(
-            f"s3://{bucket}",
-            endpoint_url=store_options.endpoint_url,
-            region=store_options.region,
-            addressing_style=store_options.addressing_style,
-        )
-        key = key.rstrip("/")
+    bucket, _, key = location[len("s3://") :].partition("/")
+    if not key:
+        raise DataError(f"{field}: {location}: expected s3://bucket/key")
+    store = S3Store.from_uri(
+        f"s3://{bucket}",
+        endpoint_url=store_options.endpoint_url,
+        region=store_options.region,
+        addressing_style=store_options.addressing_style,
+    )
+    key = key.rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="rentune-source-") as folder:
+        local = Path(folder) / "source"
         try:
-            return _typed(location, store.get_bytes(key), field)
+            store.get_file(key, local)
+            found = True
         except ObjectNotFound:
-            pass
+            found = False
+        if found:
+            yield _typed(location, local, field)
+            return
         if store.head(f"{key}/state.json") is None and store.head(f"{key}/dataset_dict.json") is None:
             raise DataError(f"{field}: {location}: no such object (nor a saved dataset's state.json under it)")
 
-        def fetch(name: str) -> bytes | None:
+        def fetch(name: str) -> Path | None:
             try:
-                return store.get_bytes(f"{key}/{name}")
+                store.get_file(f"{key}/{name}", local / name)
             except ObjectNotFound:
                 return None
+            return local / name
 
-        return _saved_dataset(location, fetch, field)
+        local.mkdir()
+        yield _saved_dataset(location, fetch, field)
+
+
+def _local(location: str, field: str) -> RawFile:
     path = Path(location.removeprefix("file://"))
     if path.is_dir():
-
-        def read(name: str) -> bytes | None:
-            file = path / name
-            return file.read_bytes() if file.is_file() else None
-
-        return _saved_dataset(location, read, field)
-    try:
-        return _typed(location, path.read_bytes(), field)
-    except FileNotFoundError:
+        return _saved_dataset(location, lambda name: path / name if (path / name).is_file() else None, field)
+    if not path.is_file():
         folder = path.parent
         near = sorted(p.name for p in folder.iterdir() if p.suffix in (".jsonl", ".parquet")) if folder.is_dir() else []
         hint = f"; files there: {', '.join(near[:5])}" if near else ""
-        raise DataError(f"{field}: file not found ({path}, resolved from {Path.cwd()}){hint}") from None
+        raise DataError(f"{field}: file not found ({path}, resolved from {Path.cwd()}){hint}")
+    return _typed(location, path, field)
 
 
-def _typed(name: str, data: bytes, field: str) -> RawFile:
+def _typed(name: str, path: Path, field: str) -> RawFile:
     """A file's format from its content (Parquet starts with PAR1) or its name."""
-    if data[:4] == PARQUET_MAGIC:
-        return RawFile(name, data, "parquet")
+    with path.open("rb") as file:
+        magic = file.read(4)
+    if magic == PARQUET_MAGIC:
+        return RawFile(name, path, "parquet")
     if name.endswith(".parquet"):
         raise DataError(
             f"{field}: {name}: not a Parquet file (it does not start with the Parquet magic bytes PAR1); "
             "expected Parquet, or rename a JSONL file to .jsonl"
         )
-    return RawFile(name, data, "jsonl")
+    return RawFile(name, path, "jsonl")
 
 
-def _saved_dataset(name: str, read: Callable[[str], bytes | None], field: str) -> RawFile:
-    """A `datasets.Dataset.save_to_disk` folder: `state.json` lists its Arrow files in order."""
-    state = read("state.json")
+def _saved_dataset(name: str, find: Callable[[str], Path | None], field: str) -> RawFile:
+    """A `datasets.Dataset.save_to_disk` folder: `state.json` lists its Arrow files in order. `find` gives
+    a file of the folder as a local path, or None."""
+    state = find("state.json")
     if state is None:
-        splits = read("dataset_dict.json")
+        splits = find("dataset_dict.json")
         if splits is not None:
-            names = json.loads(splits).get("splits", [])
+            names = json.loads(splits.read_bytes()).get("splits", [])
             raise DataError(
                 f"{field}: {name} is a DatasetDict (splits {', '.join(names)}); point {field} at one split's "
                 f"folder (e.g. {name.rstrip('/')}/{names[0] if names else 'train'})"
@@ -135,23 +149,24 @@ def _saved_dataset(name: str, read: Callable[[str], bytes | None], field: str) -
             "written by datasets' save_to_disk"
         )
     try:
-        files = [entry["filename"] for entry in json.loads(state)["_data_files"]]
+        files = [entry["filename"] for entry in json.loads(state.read_bytes())["_data_files"]]
     except (ValueError, KeyError, TypeError) as exc:
         what = f"unreadable ({exc!r}); expected the state.json save_to_disk writes"
         raise DataError(f"{field}: {name}/state.json: {what}") from None
     contents = []
     for file in files:
-        data = read(file)
-        if data is None:
+        path = find(file)
+        if path is None:
             raise DataError(f"{field}: {name}/{file}: listed in state.json but missing; save the dataset again")
-        contents.append((file, data))
-    return RawFile(name, b"", "dataset", tuple(contents))
+        contents.append((file, path))
+    return RawFile(name, None, "dataset", tuple(contents))
 
 
 def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
-    """(where, object) for every row of `raw` in order; `where` names the file and the row for messages.
-    Rows that are not objects add an error to `errors` instead (JSONL). Raises DataError for a file that
-    cannot be read at all, naming the damaged part."""
+    """(where, object) for every row of `raw` in order, read as a stream (a Parquet row group, an Arrow
+    record batch at a time); `where` names the file and the row for messages. Rows that are not objects
+    add an error to `errors` instead (JSONL). Raises DataError for a file that cannot be read at all,
+    naming the damaged part."""
     if raw.format == "jsonl":
         for number, obj in json_objects(raw, errors):
             yield f"{raw.name}:{number}", obj
@@ -163,7 +178,7 @@ def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
         import pyarrow.parquet as pq
 
         try:
-            parquet = pq.ParquetFile(pa.BufferReader(raw.data))
+            parquet = pq.ParquetFile(str(raw.path), memory_map=True)
         except (pa.ArrowException, OSError) as exc:
             what = f"not a readable Parquet file ({_one_line(exc)}); write the file again"
             raise DataError(f"{raw.name}: {what}") from None
@@ -180,18 +195,18 @@ def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
                 yield f"{raw.name}: row {count} (row group {group}, index {index})", _without_nulls(obj)
                 count += 1
     else:
-        for file, data in raw.files:
+        for file, path in raw.files:
             try:
-                batches = list(pa.ipc.open_stream(pa.BufferReader(data)))
+                reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+                index = 0
+                for batch in reader:
+                    for obj in batch.to_pylist():
+                        yield f"{raw.name}/{file}: row {count} (index {index} in this file)", _without_nulls(obj)
+                        count += 1
+                        index += 1
             except (pa.ArrowException, OSError) as exc:
                 what = f"not a readable Arrow file ({_one_line(exc)}); save the dataset again"
                 raise DataError(f"{raw.name}/{file}: {what}") from None
-            index = 0
-            for batch in batches:
-                for obj in batch.to_pylist():
-                    yield f"{raw.name}/{file}: row {count} (index {index} in this file)", _without_nulls(obj)
-                    count += 1
-                    index += 1
     if count == 0:
         raise DataError(f"{raw.name}: no examples (no rows); expected one example per row")
 
@@ -243,38 +258,42 @@ def rows_from_file(
 
 
 def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every line of a JSONL file that is a JSON object, in file order; each
-    other line adds an error naming the file and line to `errors` when it is reached, so the caller's own
-    errors interleave in line order. Raises DataError if the file is not UTF-8."""
-    try:
-        lines = list(jsonl_lines(raw.data))
-    except UnicodeDecodeError as exc:
-        line = raw.data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (raw.data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise DataError(
-            f"{raw.name}:{line}: not UTF-8 (byte 0x{raw.data[exc.start]:02x} at column {column}); "
-            "expected UTF-8 text (re-encode the file, e.g. with iconv -t UTF-8)"
-        ) from None
-    if not lines:
+    """(line number, object) for every line of a JSONL file that is a JSON object, in file order, read a
+    line at a time; each other line adds an error naming the file and line to `errors` when it is reached,
+    so the caller's own errors interleave in line order. Lines end with `\\n` only (JSON Lines): U+2028 or
+    U+0085 inside a string is text. Raises DataError at the first line that is not UTF-8."""
+    seen = False
+    with raw.path.open("rb") as file:
+        for number, data in enumerate(file, start=1):
+            try:
+                line = data.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{raw.name}:{number}: not UTF-8 (byte 0x{data[exc.start]:02x} at column {exc.start + 1}); "
+                    "expected UTF-8 text (re-encode the file, e.g. with iconv -t UTF-8)"
+                ) from None
+            if not line.strip():
+                continue
+            seen = True
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                errors.append(f"{raw.name}:{number}: not valid JSON ({exc.msg} at column {exc.colno})")
+                continue
+            if not isinstance(obj, dict):
+                errors.append(f"{raw.name}:{number}: expected a JSON object, got {type(obj).__name__}")
+                continue
+            if _LONE_SURROGATE.search(line) and not _is_unicode(obj):
+                errors.append(
+                    f"{raw.name}:{number}: a string holds a lone surrogate escape (such as \\ud800), which is "
+                    "not text; expected valid Unicode (a pair such as \\ud83d\\ude00 is fine)"
+                )
+                continue
+            yield number, obj
+    if not seen:
         raise DataError(
             f"{raw.name}: no examples (the file is empty or holds only blank lines); expected one JSON object per line"
         )
-    for number, line in lines:
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            errors.append(f"{raw.name}:{number}: not valid JSON ({exc.msg} at column {exc.colno})")
-            continue
-        if not isinstance(obj, dict):
-            errors.append(f"{raw.name}:{number}: expected a JSON object, got {type(obj).__name__}")
-            continue
-        if _LONE_SURROGATE.search(line) and not _is_unicode(obj):
-            errors.append(
-                f"{raw.name}:{number}: a string holds a lone surrogate escape (such as \\ud800), which is not "
-                "text; expected valid Unicode (a pair such as \\ud83d\\ude00 is fine)"
-            )
-            continue
-        yield number, obj
 
 
 # An escape of a UTF-16 surrogate: JSON allows it, but alone (without its pair) it decodes to no character.

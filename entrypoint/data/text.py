@@ -4,6 +4,7 @@ kind says which fields it reads (`wanted`) and which of them identify an example
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from entrypoint.data.inspection import build_inspection, length_stats, packed_ro
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
 from entrypoint.data.packing import pack
-from entrypoint.data.reading import DataError, RawFile, read_source, rows_from_file
+from entrypoint.data.reading import DataError, RawFile, open_source, rows_from_file
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
 from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
@@ -27,9 +28,9 @@ def dedupe(rows: list[dict], key_fields: Sequence[str], where: str, labelled: bo
     whitespace, punctuation at word edges: what the leak check calls the same), keeping the first. For
     `labelled` data the same text under two labels is an error (the data contradicts itself); otherwise
     the label is only a group and the first row stands."""
-    seen: dict[tuple, dict] = {}
+    seen: dict[bytes, dict] = {}  # a 16-byte digest of the normalised fields, not the texts themselves
     for row in rows:
-        key = tuple(normalize_text(row[f]) for f in key_fields)
+        key = hashlib.blake2b("\0".join(normalize_text(row[f]) for f in key_fields).encode(), digest_size=16).digest()
         first = seen.setdefault(key, row)
         if labelled and first["label"] != row["label"]:
             also = "" if row[key_fields[0]] == first[key_fields[0]] else f" (also as {row[key_fields[0]][:60]!r})"
@@ -56,9 +57,9 @@ def read_text_parts(
     parts, read, touched, duplicates, hashes = {}, {}, Counter(), 0, {}
     for name, location in sources.items():
         field = "data.source" if name == "all" else f"data.files.{name}"
-        raw = read_source(location, spec.store, field)
-        hashes[location] = raw.sha256
-        rows = parse(raw) if parse else rows_from_file(raw, wanted, data.labels, group_field)
+        with open_source(location, spec.store, field) as raw:
+            hashes[location] = raw.sha256
+            rows = parse(raw) if parse else rows_from_file(raw, wanted, data.labels, group_field)
         read[name] = len(rows)
         rows, counts = clean(rows) if clean else apply_rules(rows, tuple(key_fields), data.clean)
         touched.update(counts)
