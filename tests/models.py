@@ -59,23 +59,25 @@ _SPECIALS = {
 
 def _save_tiny_llama(folder: Path, tokenizer, vocab_size: int, max_positions: int, seed: int) -> None:
     """A 2-layer, 32-wide Llama over `tokenizer`, saved as safetensors with the tokenizer in `folder`."""
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    model = tiny_llama(vocab_size, max_positions, seed, pad_token_id=tokenizer.pad_token_id, **special)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def tiny_llama(vocab_size: int, max_positions: int, seed: int = 0, heads: int = 2, attn: str | None = None, **config):
+    """A 2-layer, 32-wide Llama with random weights (seeded); `attn`: the attention implementation;
+    `config`: more LlamaConfig fields."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    settings = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_key_value_heads": 2}
     config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        vocab_size=vocab_size, max_position_embeddings=max_positions, num_attention_heads=heads, **settings, **config
     )
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    if attn:
+        config._attn_implementation = attn
+    return LlamaForCausalLM(config)
 
 
 def build_chat_tokenizer(style: str, texts: list[str], vocab_size: int = 600):

@@ -17,10 +17,15 @@ Image jobs keep encoding in each phase (their features are pixel tensors, decode
 from __future__ import annotations
 
 import bisect
+import contextlib
+import ctypes
 import hashlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from entrypoint.data.encoding import Encoded
@@ -30,6 +35,8 @@ __all__ = [
     "CHUNK",
     "TOKENS_FORMAT",
     "TokenizedSplit",
+    "encoder_pool",
+    "tokenize_workers",
     "features_of",
     "full_lengths",
     "token_counts",
@@ -42,6 +49,7 @@ __all__ = [
 
 TOKENS_FORMAT = "arrow-ipc-1"
 CHUNK = 10_000  # examples encoded (and written) at a time: a progress line each, bounded Python lists
+PARALLEL_FROM = 50_000  # rows from which the data phase tokenizes in several processes
 
 
 def tokens_key(data_version: str, max_length: int, labels: Sequence[str]) -> str:
@@ -80,15 +88,67 @@ def open_tokens(store, record: dict, split: str, workdir: Path, log: Callable[[s
     return TokenizedSplit(path)
 
 
+def tokenize_workers(rows: int) -> int:
+    """Processes that tokenize `rows` examples: RENTUNE_TOKENIZE_WORKERS if set, else one below
+    PARALLEL_FROM rows (starting a worker costs seconds), else one per core up to 8."""
+    if os.environ.get("RENTUNE_TOKENIZE_WORKERS"):
+        return max(1, int(os.environ["RENTUNE_TOKENIZE_WORKERS"]))
+    return 1 if rows < PARALLEL_FROM else max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+@contextmanager
+def encoder_pool(spec, model_dir: Path, labels: Sequence[str], workers: int) -> Iterator[object | None]:
+    """`workers` processes that each load the kind's processor once and encode chunks of rows (None for
+    one worker: the caller encodes in its own process). Each worker dies with its parent (Linux
+    PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind; the pool is closed on exit."""
+    if workers <= 1:
+        yield None
+        return
+    import multiprocessing
+
+    pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec, str(model_dir), list(labels)))
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+_worker_encode: Callable[[Sequence[dict]], list[Encoded]] | None = None
+
+
+def _start_worker(spec, model_dir: str, labels: list[str]) -> None:
+    global _worker_encode
+    with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the pool's own cleanup
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
+    from entrypoint.kinds import kind_for
+
+    kind = kind_for(spec)
+    processor = kind.processor(Path(model_dir))
+    _worker_encode = lambda rows: kind.encode(processor, rows, labels)  # noqa: E731
+
+
+def _encode_in_worker(rows: Sequence[dict]) -> list[Encoded]:
+    return _worker_encode(rows)
+
+
 def tokenize(
-    encode: Callable[[Sequence[dict]], list[Encoded]], rows: Sequence[dict], name: str, log: Callable[[str], None]
+    encode: Callable[[Sequence[dict]], list[Encoded]],
+    rows: Sequence[dict],
+    name: str,
+    log: Callable[[str], None],
+    pool=None,
 ) -> Iterator[list[Encoded]]:
-    """`rows` encoded CHUNK at a time, with a progress line (rows tokenized, rate) after each chunk once
-    the work takes longer than a few seconds."""
+    """`rows` encoded CHUNK at a time, in order (by `pool`'s workers when given, else by `encode` here),
+    with a progress line (rows tokenized, rate) after each chunk once the work takes longer than a few
+    seconds."""
     started, last = time.monotonic(), time.monotonic()
-    for start in range(0, len(rows), CHUNK):
-        yield encode(rows[start : start + CHUNK])
-        done, now = min(start + CHUNK, len(rows)), time.monotonic()
+    parts = (rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK))
+    done = 0
+    for encoded in pool.imap(_encode_in_worker, parts) if pool is not None else map(encode, parts):
+        yield encoded
+        done, now = done + len(encoded), time.monotonic()
         if now - last > 5 or (done == len(rows) and now - started > 5):
             rate = done / max(now - started, 1e-9)
             log(f"data: tokenized {done:,}/{len(rows):,} {name} rows ({rate:,.0f} rows/s)")

@@ -24,7 +24,16 @@ from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse
 from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
-from entrypoint.data.tokens import TOKENS_FORMAT, TokenizedSplit, tokenize, tokens_key, tokens_store_key, write_tokens
+from entrypoint.data.tokens import (
+    TOKENS_FORMAT,
+    TokenizedSplit,
+    encoder_pool,
+    tokenize,
+    tokenize_workers,
+    tokens_key,
+    tokens_store_key,
+    write_tokens,
+)
 from entrypoint.evaluation.seal import check_seal
 from entrypoint.job.state import to_jsonl
 
@@ -100,14 +109,18 @@ def store_tokens(
     folder = ctx.workdir / "tokens" / key
     folder.mkdir(parents=True, exist_ok=True)
     encoded, files = {}, {}
-    for name, rows in canonical.items():
-        path = folder / f"{name}.arrow"
-        chunks = tokenize(lambda part: ctx.kind.encode(processor, part, labels), rows, name, ctx.log)
-        files[name] = write_tokens(chunks, path)
-        sent = ctx.store.put_file(tokens_store_key(key, name), path)
-        if sent != files[name]["sha256"]:
-            raise RuntimeError(f"data: {path} changed while it was uploaded; run the job again")
-        encoded[name] = TokenizedSplit(path)
+    workers = tokenize_workers(sum(len(rows) for rows in canonical.values()))
+    with encoder_pool(ctx.spec, ctx.model_dir, labels, workers) as pool:
+        if pool is not None:
+            ctx.log(f"data: tokenizing in {workers} processes")
+        for name, rows in canonical.items():
+            path = folder / f"{name}.arrow"
+            chunks = tokenize(lambda part: ctx.kind.encode(processor, part, labels), rows, name, ctx.log, pool)
+            files[name] = write_tokens(chunks, path)
+            sent = ctx.store.put_file(tokens_store_key(key, name), path)
+            if sent != files[name]["sha256"]:
+                raise RuntimeError(f"data: {path} changed while it was uploaded; run the job again")
+            encoded[name] = TokenizedSplit(path)
     total = sum(f["bytes"] for f in files.values())
     ctx.log(f"data: tokenized once: {sum(f['rows'] for f in files.values()):,} examples, {total / 1e6:.1f} MB stored")
     return encoded, {"key": key, "format": TOKENS_FORMAT, "files": files}

@@ -154,16 +154,19 @@ def _throughput_lines(trials: list[dict]) -> list[str]:
         p = t.get("throughput")
         if not p:
             continue
-        rate = "-" if p["tokens_per_s"] is None else f"{p['tokens_per_s']:,.0f}"
-        device = "-" if p["tokens_per_s_per_device"] is None else f"{p['tokens_per_s_per_device']:,.0f}"
-        padding = "-" if p["padding_share"] is None else f"{p['padding_share']:.1%}"
-        mfu = "-" if p["mfu"] is None else f"{p['mfu']:.1%}"
+        rate, device = _or_dash(p["tokens_per_s"], ",.0f"), _or_dash(p["tokens_per_s_per_device"], ",.0f")
+        padding, mfu = _or_dash(p["padding_share"], ".1%"), _or_dash(p["mfu"], ".1%")
         attention = (p["attn_implementation"] or "-") + (" + liger" if p["liger"] else "")
         lines.append(
             f"| {t['id']} | {p['precision'] or '-'} | {attention} | {'yes' if p['packing'] else 'no'} | {rate} | "
             f"{device} | {padding} | {mfu} | {p['peak_source'] or '-'} |"
         )
     return lines
+
+
+def _or_dash(value: float | None, form: str, unit: str = "") -> str:
+    """`value` in format `form` with its unit, or "-" when it was not measured."""
+    return "-" if value is None else f"{value:{form}}{unit}"
 
 
 def _checkpoint_lines(trials: list[dict]) -> list[str]:
@@ -180,9 +183,8 @@ def _checkpoint_lines(trials: list[dict]) -> list[str]:
         c = t.get("checkpoints")
         if not c:
             continue
-        size = "-" if c["bytes"] is None else f"{c['bytes'] / 1e6:.1f} MB"
-        blocked = "-" if c["blocked_s_median"] is None else f"{c['blocked_s_median']:.2f} s"
-        commit = "-" if c["commit_s_median"] is None else f"{c['commit_s_median']:.2f} s"
+        size = _or_dash(None if c["bytes"] is None else c["bytes"] / 1e6, ".1f", " MB")
+        blocked, commit = _or_dash(c["blocked_s_median"], ".2f", " s"), _or_dash(c["commit_s_median"], ".2f", " s")
         interval = "as the spec says"
         if c["interval"] and c["interval"].get("minutes"):
             i = c["interval"]

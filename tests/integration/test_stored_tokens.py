@@ -17,6 +17,7 @@ from entrypoint.runner import run_job
 from entrypoint.store import FileStore, PrefixedStore
 from entrypoint.store.objects import CorruptObject
 from tests.models import build_tiny_bert, build_tiny_causal_lm
+from tests.specs import TICKETS as TICKETS_FILE
 from tests.specs import kind_of, load, tiny_job
 
 
@@ -124,3 +125,31 @@ def test_stored_tokens_that_differ_from_the_record_are_refused_naming_the_object
     with pytest.raises(CorruptObject, match=r"train.arrow: sha256 .* differs from the data phase's record"):
         open_tokens(job_store, record, "train", tmp_path / "node-b", lambda line: None)
     assert not (tmp_path / f"node-b/tokens/{record['key']}/train.arrow").exists()
+
+
+def test_tokens_from_worker_processes_equal_those_encoded_in_process(tmp_path, llama, monkeypatch):
+    """Large data is tokenized by a pool of spawned processes (each loads the tokenizer itself); the
+    stored files must be byte-identical to one process's, and no worker may outlive the phase."""
+    import psutil
+
+    monkeypatch.setattr(tokens_module, "CHUNK", 40)  # several chunks per worker, results kept in order
+    spec = tiny_job("workers", llama)
+    spec["hypothesis"] = {"task": "format", "statement": "answers", "format": {"expect_json": False, "regex": ".+"}}
+    spec["data"] = {"source": str(TICKETS_FILE), "prompt_field": "text", "response_field": "label"}
+    spec["adaptation"]["target_modules"] = ["q_proj", "v_proj"]
+    stored, before = {}, {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the tests' S3 server
+    for workers in ("1", "2"):
+        monkeypatch.setenv("RENTUNE_TOKENIZE_WORKERS", workers)
+        lines: list[str] = []
+        root = tmp_path / f"store-{workers}"
+        run_job(load(spec), FileStore(root), tmp_path / f"work-{workers}", lines.append, until="data")
+        record = _data_result(root, "workers")["tokens"]
+        stored[workers] = {
+            split: (root / f"jobs/workers/{tokens_store_key(record['key'], split)}").read_bytes()
+            for split in record["files"]
+        }
+        assert any("tokenizing in 2 processes" in line for line in lines) == (workers == "2")
+    assert stored["1"] == stored["2"]
+    # multiprocessing's resource tracker stays for the life of this process, by design; no pool worker may
+    left = [p.cmdline() for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert not [c for c in left if "resource_tracker" not in " ".join(c)], left

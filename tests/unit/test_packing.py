@@ -10,6 +10,7 @@ import torch
 
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import PackedCollator, pack, row_boundaries
+from tests.models import tiny_llama
 
 
 def _examples(n: int, seed: int = 0, vocab: int = 500, longest: int = 40) -> list[dict]:
@@ -66,20 +67,7 @@ def test_collator_pads_rows_as_a_separate_sequence():
 
 
 def _tiny_llama(attn: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=500,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    config._attn_implementation = attn
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(500, 128, heads=4, attn=attn).eval()
 
 
 def _token_losses(logits: torch.Tensor, labels: list[int]) -> torch.Tensor:

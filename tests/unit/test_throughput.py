@@ -132,3 +132,23 @@ def test_flash_attention_and_liger_are_refused_where_missing():
     if importlib.util.find_spec("liger_kernel") is None:
         with pytest.raises(Unsupported, match="training.liger: the liger-kernel package is not installed"):
             preflight(Training(device="cpu", liger=True))
+
+
+def test_report_throughput_row_shows_figures_and_dashes_for_what_was_not_measured():
+    from entrypoint.report.markdown import _throughput_lines
+
+    measured = {
+        "tokens_per_s": 14210.4,
+        "tokens_per_s_per_device": 7105.2,
+        "padding_share": 0.031,
+        "mfu": 0.384,
+        "precision": "bf16",
+        "attn_implementation": "sdpa",
+        "liger": True,
+        "packing": True,
+        "peak_source": "H100 SXM",
+    }
+    on_cpu = {**measured, "mfu": None, "tokens_per_s_per_device": None, "liger": False, "peak_source": None}
+    lines = _throughput_lines([{"id": "main", "throughput": measured}, {"id": "cpu", "throughput": on_cpu}])
+    assert lines[-2] == "| main | bf16 | sdpa + liger | yes | 14,210 | 7,105 | 3.1% | 38.4% | H100 SXM |"
+    assert lines[-1] == "| cpu | bf16 | sdpa | yes | 14,210 | - | 3.1% | - | - |"
