@@ -17,6 +17,7 @@ Image jobs keep encoding in each phase (their features are pixel tensors, decode
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import ctypes
 import hashlib
@@ -96,8 +97,26 @@ def tokenize_workers(rows: int) -> int:
     return 1 if rows < PARALLEL_FROM else max(1, min(8, len(os.sched_getaffinity(0))))
 
 
+class Encoders:
+    """Worker processes that encode chunks of rows (see encoder_pool)."""
+
+    def __init__(self, pool, workers: int):
+        self.pool, self.workers = pool, workers
+
+    def map(self, parts: Iterator[Sequence[dict]]) -> Iterator[list[Encoded]]:
+        """Each part encoded, in order, with at most two parts per worker in flight (Pool.imap would queue
+        every part at once and buffer results the writer has not taken yet)."""
+        pending: collections.deque = collections.deque()
+        for part in parts:
+            pending.append(self.pool.apply_async(_encode_in_worker, (part,)))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
 @contextmanager
-def encoder_pool(spec, model_dir: Path, labels: Sequence[str], workers: int) -> Iterator[object | None]:
+def encoder_pool(spec, model_dir: Path, labels: Sequence[str], workers: int) -> Iterator[Encoders | None]:
     """`workers` processes that each load the kind's processor once and encode chunks of rows (None for
     one worker: the caller encodes in its own process). Each worker dies with its parent (Linux
     PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind; the pool is closed on exit."""
@@ -108,7 +127,7 @@ def encoder_pool(spec, model_dir: Path, labels: Sequence[str], workers: int) -> 
 
     pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec, str(model_dir), list(labels)))
     try:
-        yield pool
+        yield Encoders(pool, workers)
     finally:
         pool.terminate()
         pool.join()
@@ -138,7 +157,7 @@ def tokenize(
     rows: Sequence[dict],
     name: str,
     log: Callable[[str], None],
-    pool=None,
+    pool: Encoders | None = None,
 ) -> Iterator[list[Encoded]]:
     """`rows` encoded CHUNK at a time, in order (by `pool`'s workers when given, else by `encode` here),
     with a progress line (rows tokenized, rate) after each chunk once the work takes longer than a few
@@ -146,7 +165,7 @@ def tokenize(
     started, last = time.monotonic(), time.monotonic()
     parts = (rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK))
     done = 0
-    for encoded in pool.imap(_encode_in_worker, parts) if pool is not None else map(encode, parts):
+    for encoded in pool.map(parts) if pool is not None else map(encode, parts):
         yield encoded
         done, now = done + len(encoded), time.monotonic()
         if now - last > 5 or (done == len(rows) and now - started > 5):
