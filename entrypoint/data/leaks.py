@@ -1,19 +1,21 @@
 """Leaks between data splits: exact duplicates after normalisation, near duplicates by MinHash LSH.
 
 Takes already-extracted strings, so it does not care which field or modality they came from. Near
-duplicates are found with datasketch's `MinHash` / `MinHashLSH` over word shingles and then confirmed by
-the exact Jaccard similarity of the shingle sets, so the LSH only decides which pairs get looked at.
-`LEAKCHECK_VERSION` is recorded in reports; bump it when the method changes.
+duplicates are found with datasketch's `MinHash` over word shingles, banded (LSH) in `BandIndex`, and then
+confirmed by the exact Jaccard similarity of the shingle sets, so the LSH only decides which pairs get
+looked at. `LEAKCHECK_VERSION` is recorded in reports; bump it when the method changes.
 
-Cost: every text is normalised and MinHashed once, whatever the number of pairs it takes part in. Splits
-are processed from smallest to largest; each split is queried against the LSH indexes of the smaller
-splits it is paired with, then (if a larger split is paired with it) inserted into its own index. Only
-the indexes are kept, never the sketches of the side that is queried.
+Cost: every text is MinHashed once, whatever the number of pairs it takes part in. Splits are processed
+from smallest to largest; each split is queried against the LSH indexes of the smaller splits it is
+paired with, then (if a larger split is paired with it) inserted into its own index. Memory: a 16-byte
+digest per text (the exact check) and 8 bytes per band for indexed texts; no normalised copy of a split
+and no sketch of the side that is queried is kept (a candidate's text is normalised again to confirm it).
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
+import hashlib
 import math
 import zlib
 from collections.abc import Iterator, Sequence
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from datasketch import MinHash, MinHashLSH
+from datasketch import MinHash
 
 from entrypoint.data.normalize import normalize_text
 
@@ -123,20 +125,111 @@ def _validate(
     return distinct
 
 
-def _exact(norm_a: list[str], norm_b: list[str]) -> Iterator[tuple[int, int]]:
-    """(i, j) with norm_a[i] == norm_b[j] != ""; a dict on the smaller side, a scan of the larger."""
-    small, large, swapped = (norm_a, norm_b, False) if len(norm_a) <= len(norm_b) else (norm_b, norm_a, True)
-    index: dict[str, list[int]] = {}
-    for i, text in enumerate(small):
-        if text:
-            index.setdefault(text, []).append(i)
-    for j, text in enumerate(large):
-        for i in index.get(text, ()) if text else ():
+def _digest(normalized: str) -> bytes | None:
+    """16 bytes that stand for a normalised text (None for ""): what the exact check compares."""
+    return hashlib.blake2b(normalized.encode(), digest_size=16).digest() if normalized else None
+
+
+def _exact(digests_a: list[bytes | None], digests_b: list[bytes | None]) -> Iterator[tuple[int, int]]:
+    """(i, j) with digests_a[i] == digests_b[j] (not None); a dict on the smaller side, a scan of the larger."""
+    small, large, swapped = (
+        (digests_a, digests_b, False) if len(digests_a) <= len(digests_b) else (digests_b, digests_a, True)
+    )
+    index: dict[bytes, list[int]] = {}
+    for i, digest in enumerate(small):
+        if digest is not None:
+            index.setdefault(digest, []).append(i)
+    for j, digest in enumerate(large):
+        for i in index.get(digest, ()) if digest is not None else ():
             yield (j, i) if swapped else (i, j)
 
 
+class BandIndex:
+    """The LSH index of one split: for each of `bands` bands of `rows` MinHash values, an 8-byte hash of
+    the band per text, sorted once in a numpy array. A query's candidates are the texts that share all
+    values of at least one band with it (what datasketch's MinHashLSH answers; a 63-bit hash of a band
+    stands for its values, so only a 2^-63 collision could add a candidate, and candidates are confirmed
+    by exact Jaccard anyway). About 16 bytes per band and text, where MinHashLSH keeps a bytes key per
+    band in a dict and a list of them per text, over ten times more."""
+
+    def __init__(self, bands: int):
+        self.bands = bands
+        self._hashes, self._keys = bytearray(), []
+        self.sorted: list[np.ndarray] = []
+        self.keys: list[np.ndarray] = []
+
+    def insert(self, keys: Sequence[int], table: np.ndarray) -> None:
+        """Texts `keys` with their (len(keys), bands) band hashes."""
+        self._hashes += np.ascontiguousarray(table, dtype=np.uint64).tobytes()
+        self._keys += keys
+
+    def freeze(self) -> None:
+        """Sort each band once all texts are in; queries come after."""
+        table = np.frombuffer(bytes(self._hashes), dtype=np.uint64).reshape(len(self._keys), self.bands)
+        keys = np.array(self._keys, dtype=np.int64)
+        self._hashes, self._keys = bytearray(), []
+        for band in range(self.bands):
+            order = np.argsort(table[:, band], kind="stable")
+            self.sorted.append(table[order, band])
+            self.keys.append(keys[order])
+
+    def query(self, table: np.ndarray) -> list[set[int]]:
+        """The candidates of each row of a (texts, bands) table of band hashes, one search per band."""
+        found: list[set[int]] = [set() for _ in range(len(table))]
+        for band in range(self.bands):
+            lo = np.searchsorted(self.sorted[band], table[:, band], side="left")
+            hi = np.searchsorted(self.sorted[band], table[:, band], side="right")
+            for row in np.nonzero(hi > lo)[0]:
+                found[row].update(self.keys[band][lo[row] : hi[row]].tolist())
+        return found
+
+
+_MULTIPLIERS = np.random.default_rng(20240611).integers(1, 2**63, size=512, dtype=np.uint64) | np.uint64(1)
+
+
+def _band_hashes(values: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(texts, bands) 64-bit hashes of each band's `rows` MinHash values, for a (texts, num_perm) array of
+    sketches: a sum of the values times fixed odd multipliers (mod 2^64), then mixed. Equal bands always
+    give equal hashes; unequal ones collide with probability about 2^-64."""
+    x = values[:, : bands * rows].reshape(len(values), bands, rows).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h = (x * _MULTIPLIERS[:rows]).sum(axis=2, dtype=np.uint64)
+        h ^= h >> np.uint64(29)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(32)
+    return h
+
+
+def _shingled(
+    texts: Sequence[str], digests: list[bytes | None], shingle: int, taken: collections.deque
+) -> Iterator[list[bytes]]:
+    """The shingles of each text that is not blank, normalised as it is reached; (index, shingle set)
+    goes to `taken` for the consumer of the sketch made from them."""
+    for i, text in enumerate(texts):
+        if digests[i] is not None:
+            grams = _shingles(normalize_text(text), shingle)
+            taken.append((i, grams))
+            yield [g.encode("utf-8") for g in grams]
+
+
+_BATCH = 2048  # texts whose band hashes are computed and looked up together
+
+
+def _batches(sketches: Iterator[MinHash], taken: collections.deque, size: int) -> Iterator[list[tuple]]:
+    """(index, shingle set, MinHash values) of consecutive texts, `size` at a time."""
+    batch = []
+    for sketch in sketches:
+        batch.append((*taken.popleft(), sketch.hashvalues))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _near(
-    norm: dict[str, list[str]],
+    splits: dict[str, Sequence[str]],
+    digests: dict[str, list[bytes | None]],
     wanted: list[tuple[str, str]],
     names: list[str],
     threshold: float,
@@ -146,43 +239,43 @@ def _near(
 ) -> list[LeakPair]:
     """Near (not exact) duplicates of the wanted pairs. `names` go smallest first: each split is queried
     against the indexes of the smaller splits it is paired with (built earlier), then inserted into its
-    own index if a larger split is paired with it; its sketches are computed once, in one stream."""
+    own index if a larger split is paired with it; its sketches are computed once, in one stream, from
+    texts normalised as they are reached (no normalised copy of a split is kept)."""
     rank = {name: i for i, name in enumerate(names)}
     bands, rows = _lsh_params(threshold, num_perm)
-    indexes: dict[str, MinHashLSH] = {}
+    indexes: dict[str, BandIndex] = {}
     found: list[LeakPair] = []
     for name in names:
         query_into = sorted({other for pair in wanted if name in pair for other in pair if rank[other] < rank[name]})
         build_index = any(name in pair and rank[other] > rank[name] for pair in wanted for other in pair)
-        texts = norm[name]
-        todo = [i for i, text in enumerate(texts) if text]
+        mine, taken = digests[name], collections.deque()
         sketches = MinHash.generator(
-            ([s.encode("utf-8") for s in _shingles(texts[i], shingle)] for i in todo),
+            _shingled(splits[name], mine, shingle, taken),
             num_perm=num_perm,
             seed=seed,
             hashfunc=zlib.crc32,  # fast, stable across processes (Python's `hash` is salted), 32-bit
             scheme="affine32",
         )
-        index = MinHashLSH(num_perm=num_perm, params=(bands, rows)) if build_index else None
-        with index.insertion_session() if index is not None else contextlib.nullcontext() as session:
-            for i, sketch in zip(todo, sketches, strict=True):
-                mine: set[str] | None = None
-                for other in query_into:
-                    for j in indexes[other].query(sketch):
-                        theirs = norm[other][j]
-                        if theirs == texts[i]:
+        index = BandIndex(bands) if build_index else None
+        for batch in _batches(sketches, taken, _BATCH):
+            keys = [i for i, _, _ in batch]
+            table = _band_hashes(np.stack([values for _, _, values in batch]), bands, rows)
+            for other in query_into:
+                for (i, grams, _), candidates in zip(batch, indexes[other].query(table), strict=True):
+                    for j in sorted(candidates):
+                        if digests[other][j] == mine[i]:
                             continue  # reported as exact
-                        mine = _shingles(texts[i], shingle) if mine is None else mine
-                        similarity = _jaccard(mine, _shingles(theirs, shingle))
+                        similarity = _jaccard(grams, _shingles(normalize_text(splits[other][j]), shingle))
                         if similarity < threshold:
                             continue
                         if (name, other) in wanted:
                             found.append(LeakPair("near", name, i, other, j, similarity))
                         else:
                             found.append(LeakPair("near", other, j, name, i, similarity))
-                if session is not None:
-                    session.insert(i, sketch, check_duplication=False)
+            if index is not None:
+                index.insert(keys, table)
         if index is not None:
+            index.freeze()
             indexes[name] = index
     return found
 
@@ -211,10 +304,10 @@ def find_leaks(
     """
     wanted = _validate(splits, pairs, threshold, num_perm, shingle)
     names = sorted({name for pair in wanted for name in pair}, key=lambda name: (len(splits[name]), name))
-    norm = {name: [normalize_text(text) for text in splits[name]] for name in names}
+    digests = {name: [_digest(normalize_text(text)) for text in splits[name]] for name in names}
 
-    leaks = [LeakPair("exact", a, i, b, j, 1.0) for a, b in wanted for i, j in _exact(norm[a], norm[b])]
+    leaks = [LeakPair("exact", a, i, b, j, 1.0) for a, b in wanted for i, j in _exact(digests[a], digests[b])]
 
-    leaks += _near(norm, wanted, names, threshold, num_perm, shingle, seed)
+    leaks += _near(splits, digests, wanted, names, threshold, num_perm, shingle, seed)
     leaks.sort(key=lambda leak: (leak.a_split, leak.a_index, leak.b_split, leak.b_index))
     return leaks

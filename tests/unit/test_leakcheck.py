@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 import entrypoint.data.leaks as leakcheck
@@ -159,17 +160,17 @@ def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
                 sketched.append(sketch)
                 yield sketch
 
-    class RecordingLSH(leakcheck.MinHashLSH):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
+    class RecordingIndex(leakcheck.BandIndex):
+        def __init__(self, bands):
+            super().__init__(bands)
             indexes.append(self)
 
-        def _insert(self, key, minhash, check_duplication=True, buffer=False):
-            inserted.append(key)
-            super()._insert(key, minhash, check_duplication, buffer)
+        def insert(self, keys, table):
+            inserted.extend(keys)
+            super().insert(keys, table)
 
     monkeypatch.setattr(leakcheck, "MinHash", CountingMinHash)
-    monkeypatch.setattr(leakcheck, "MinHashLSH", RecordingLSH)
+    monkeypatch.setattr(leakcheck, "BandIndex", RecordingIndex)
     splits = {
         "train": [f"{TICKETS[k % 8]} case {k}" for k in range(60)] + [""],
         "eval": [f"{TICKETS[k % 8]} case {k}" for k in range(100, 110)],
@@ -179,6 +180,7 @@ def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
     assert len(sketched) == 60 + 10 + 20  # the blank train text is skipped
     assert len(indexes) == 2 and len(inserted) == 10 + 20  # eval and test are indexed, train only queries
     assert leaks and {x.kind for x in leaks} == {"near"}  # same ticket, different case number
+    assert all(len(index.sorted) == index.bands and len(index.sorted[0]) in (10, 20) for index in indexes)
 
 
 @pytest.mark.parametrize("num_perm", [64, 128])
@@ -221,3 +223,34 @@ def test_all_problems_in_one_error():
 
 def test_version_is_recorded():
     assert LEAKCHECK_VERSION == "leak-1"
+
+
+def test_band_index_answers_what_datasketch_minhashlsh_answers():
+    """BandIndex replaces datasketch's MinHashLSH for memory; for the same bands it must give the same
+    candidates, query by query."""
+    import zlib
+
+    from datasketch import MinHash, MinHashLSH
+
+    rng = random.Random(3)
+    words = [f"w{k}" for k in range(60)]
+    texts = [" ".join(rng.choices(words, k=rng.randint(3, 12))) for _ in range(400)]
+    sketches = list(
+        MinHash.generator(
+            ([w.encode() for w in leakcheck._shingles(t, 1)] for t in texts),
+            num_perm=64,
+            seed=1,
+            hashfunc=zlib.crc32,
+            scheme="affine32",
+        )
+    )
+    bands, rows = leakcheck._lsh_params(0.5, 64)
+    reference, index = MinHashLSH(num_perm=64, params=(bands, rows)), leakcheck.BandIndex(bands)
+    for key, sketch in enumerate(sketches[:250]):
+        reference.insert(key, sketch)
+    table = leakcheck._band_hashes(np.stack([s.hashvalues for s in sketches]), bands, rows)
+    index.insert(list(range(250)), table[:250])
+    index.freeze()
+    answers = list(zip([set(reference.query(s)) for s in sketches], index.query(table), strict=True))
+    assert all(theirs == ours for theirs, ours in answers)
+    assert sum(len(ours) for _, ours in answers[250:]) > 0  # queries that are not in the index find candidates
