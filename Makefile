@@ -69,7 +69,7 @@ test: lint
 # For your own loop (a few minutes): unit tests and the integration tests that run in-process on tiny
 # models. Never a replacement for `make test`: no subprocess resume, distributed, worker or end-to-end job.
 FAST := tests/unit tests/integration/test_data_phase.py tests/integration/test_data_sources.py \
-	tests/integration/test_stored_tokens.py \
+	tests/integration/test_stored_tokens.py tests/integration/test_data_memory.py \
 	tests/integration/test_probe_and_params.py \
 	tests/integration/test_divergence.py tests/integration/test_checkpoint_protocol.py \
 	tests/integration/test_store_contract.py

@@ -18,17 +18,17 @@ this fails is refused with the reason, never trained on with a guessed mask.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.reading import DataError, RawFile, records, refuse
+from entrypoint.data.reading import DataError, RawFile, records
 
 __all__ = [
     "ChatTemplate",
     "TemplateError",
-    "chat_rows_from_file",
+    "chat_rows",
     "clean_chat",
     "encode_chat",
 ]
@@ -106,9 +106,8 @@ def chat_row(turns: list[dict], label: str) -> dict:
     return {"messages": turns, "prompt": prompt, "response": turns[last]["content"], "label": label}
 
 
-def chat_rows_from_file(raw: RawFile, fmt: str, group_field: str | None, train_on: str) -> list[dict]:
-    """Canonical chat rows of a source in `fmt`; DataError listing the bad rows as file, row: why."""
-    rows, errors = [], []
+def chat_rows(raw: RawFile, fmt: str, group_field: str | None, train_on: str, errors: list[str]) -> Iterator[dict]:
+    """Canonical chat rows one at a time; bad rows go to `errors` as file, row: why (`refuse` them after)."""
     for where, obj in records(raw, errors):
         turns, problem = _turns(obj, fmt)
         problem = problem or _problem(turns, train_on)
@@ -116,9 +115,7 @@ def chat_rows_from_file(raw: RawFile, fmt: str, group_field: str | None, train_o
             errors.append(f"{where}: {problem}")
             continue
         group = obj.get(group_field, "all") if group_field else "all"
-        rows.append(chat_row(turns, group if isinstance(group, str) else str(group)))
-    refuse(errors)
-    return rows
+        yield chat_row(turns, group if isinstance(group, str) else str(group))
 
 
 def clean_chat(rows: list[dict], rules) -> tuple[list[dict], dict[str, int]]:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
 from entrypoint.data.packing import row_boundaries
+from entrypoint.data.spool import labels_of
+from entrypoint.data.tokens import full_lengths, truncated_flags
 
 __all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "token_loss"]
 
@@ -21,11 +23,12 @@ def pick_examples(rows: Sequence[dict], encoded: Sequence[Encoded], per_category
     """Row indices per category, spread over the length range: the longest first (where truncation shows),
     then the others at evenly spaced length quantiles down to the shortest. Deterministic."""
     by_label: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_label.setdefault(row["label"], []).append(i)
+    for i, label in enumerate(labels_of(rows)):
+        by_label.setdefault(label, []).append(i)
+    lengths = full_lengths(encoded)
     picked = {}
     for label in sorted(by_label):
-        ranked = sorted(by_label[label], key=lambda i: (-encoded[i].full_length, i))
+        ranked = sorted(by_label[label], key=lambda i: (-lengths[i], i))
         n = min(per_category, len(ranked))
         positions = [round(k * (len(ranked) - 1) / max(1, n - 1)) for k in range(n)]
         picked[label] = [ranked[p] for p in dict.fromkeys(positions)]
@@ -54,7 +57,8 @@ def _tokens(tokenizer, encoded: Encoded) -> list[dict]:
 
 
 def length_stats(encoded: Sequence[Encoded], max_length: int) -> dict:
-    lengths = sorted(e.full_length for e in encoded)
+    lengths = sorted(full_lengths(encoded))
+    truncated = sum(truncated_flags(encoded))
     if not lengths:
         return {"n": 0}
     return {
@@ -64,8 +68,8 @@ def length_stats(encoded: Sequence[Encoded], max_length: int) -> dict:
         "p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
         "max": lengths[-1],
         "max_length": max_length,
-        "truncated": sum(e.truncated for e in encoded),
-        "truncated_share": sum(e.truncated for e in encoded) / len(lengths),
+        "truncated": truncated,
+        "truncated_share": truncated / len(lengths),
     }
 
 

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from entrypoint.data.reading import MAX_ERRORS, DataError
+from entrypoint.data.spool import drop_rows
 from jobspec.schema import LeakPolicy
 
 __all__ = ["LEAK_PAIRS", "apply_leak_policy", "checked_pairs", "refuse_failing"]
@@ -59,7 +60,7 @@ def apply_leak_policy(
         "dropped": {name: len(indices) for name, indices in doomed.items()},
     }
     for name, indices in doomed.items():
-        splits[name] = [row for i, row in enumerate(splits[name]) if i not in indices]
+        splits[name] = drop_rows(splits[name], indices)
         log(f"data: dropped {len(indices)} leaking example(s) from {name}")
     return splits, summary
 

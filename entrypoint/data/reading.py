@@ -28,7 +28,7 @@ __all__ = [
     "open_source",
     "records",
     "refuse",
-    "rows_from_file",
+    "text_rows",
 ]
 
 MAX_ERRORS = 20  # lines listed in one error: enough to see the pattern, short enough to read
@@ -225,15 +225,19 @@ def _without_nulls(value):
     return value
 
 
-def rows_from_file(
-    raw: RawFile, wanted: Mapping[str, str], declared: Sequence[str] | None, group_field: str | None = None
-) -> list[dict]:
-    """Canonical rows: each `wanted` canonical name (e.g. "text", "label") -> the value of its field in the
-    row (`{"text": "body", "label": "category"}`), which must be text. With `group_field`, "label" is that
-    field's value when present (its group, for per-group metrics), "all" otherwise. Labels outside
-    `declared` are errors. Raises DataError listing up to 20 bad rows, each naming file and row."""
+def text_rows(
+    raw: RawFile,
+    wanted: Mapping[str, str],
+    declared: Sequence[str] | None,
+    group_field: str | None,
+    errors: list[str],
+) -> Iterator[dict]:
+    """Canonical rows, one at a time: each `wanted` canonical name (e.g. "text", "label") -> the value of its
+    field in the row (`{"text": "body", "label": "category"}`), which must be text. With `group_field`,
+    "label" is that field's value when present (its group, for per-group metrics), "all" otherwise. Labels
+    outside `declared` are errors. Bad rows are appended to `errors` (file and row named) and skipped: call
+    `refuse(errors)` once the rows are consumed."""
     declared_set = set(declared) if declared else None
-    rows, errors = [], []
     for where, obj in records(raw, errors):
         row, bad = {}, False
         for canonical, name in wanted.items():
@@ -252,9 +256,7 @@ def rows_from_file(
             errors.append(f"{where}: label {row['label']!r} is not one of data.labels ({allowed})")
             bad = True
         if not bad:
-            rows.append(row)
-    refuse(errors)
-    return rows
+            yield row
 
 
 def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:

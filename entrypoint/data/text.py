@@ -5,9 +5,12 @@ kind says which fields it reads (`wanted`) and which of them identify an example
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from entrypoint.data.cleaning import apply_rules, rule_ids
 from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
@@ -15,65 +18,103 @@ from entrypoint.data.inspection import build_inspection, length_stats, packed_ro
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
 from entrypoint.data.packing import pack
-from entrypoint.data.reading import DataError, RawFile, open_source, rows_from_file
-from entrypoint.data.split import SPLIT_VERSION, SPLITS
+from entrypoint.data.reading import DataError, RawFile, open_source, refuse, text_rows
+from entrypoint.data.split import SPLIT_VERSION, SPLITS, sort_digests
+from entrypoint.data.spool import Mapped, Spool, SpooledRows, chunked
 from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
 
-__all__ = ["dedupe", "read_text_parts", "text_inspection", "text_leaks", "text_recipe"]
+__all__ = ["dedupe", "dedupe_key", "read_text_parts", "text_inspection", "text_leaks", "text_recipe"]
 
 
-def dedupe(rows: list[dict], key_fields: Sequence[str], where: str, labelled: bool) -> tuple[list[dict], int]:
-    """Drop rows whose `key_fields` are the same text after `normalize_text` (case, Unicode form,
-    whitespace, punctuation at word edges: what the leak check calls the same), keeping the first. For
-    `labelled` data the same text under two labels is an error (the data contradicts itself); otherwise
-    the label is only a group and the first row stands."""
-    seen: dict[bytes, dict] = {}  # a 16-byte digest of the normalised fields, not the texts themselves
-    for row in rows:
-        key = hashlib.blake2b("\0".join(normalize_text(row[f]) for f in key_fields).encode(), digest_size=16).digest()
-        first = seen.setdefault(key, row)
-        if labelled and first["label"] != row["label"]:
+def dedupe_key(row: dict, key_fields: Sequence[str]) -> bytes:
+    """What makes two rows the same example: a 16-byte digest of their `key_fields` after `normalize_text`
+    (case, Unicode form, whitespace, punctuation at word edges: what the leak check calls the same)."""
+    return hashlib.blake2b("\0".join(normalize_text(row[f]) for f in key_fields).encode(), digest_size=16).digest()
+
+
+def dedupe(rows: SpooledRows, key_fields: Sequence[str], where: str, labelled: bool) -> tuple[SpooledRows, int]:
+    """Drop rows whose de-duplication keys are equal, keeping the first. For `labelled` data the same text
+    under two labels is an error (the data contradicts itself), raised for the first such row in reading
+    order; otherwise the label is only a group and the first row stands. Compares the spooled 16-byte keys,
+    never the texts."""
+    keys = rows.keys
+    if not len(keys):
+        return rows, 0
+    order = sort_digests(keys)  # stable: within a group of equal keys, reading order
+    ordered = keys[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    leader = order[np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))]  # each row's first
+    if labelled:
+        codes = rows.spool.codes[rows.indices]
+        clashing = order[codes[order] != codes[leader]]
+        if len(clashing):
+            i = int(clashing.min())
+            first, row = rows[int(leader[np.nonzero(order == i)[0][0]])], rows[i]
             also = "" if row[key_fields[0]] == first[key_fields[0]] else f" (also as {row[key_fields[0]][:60]!r})"
             raise DataError(
                 f"{where}: the text {first[key_fields[0]][:60]!r}{also} appears with labels {first['label']!r} "
                 f"and {row['label']!r}; texts that differ only in case, whitespace or punctuation at word "
                 "edges are the same text; fix the label"
             )
-    return list(seen.values()), len(rows) - len(seen)
+    kept = np.sort(order[starts])
+    return rows.take(kept), len(rows) - len(kept)
 
 
 def read_text_parts(
     spec: JobSpec,
+    folder: Path,
+    log: Callable[[str], None],
     wanted: Mapping[str, str],
     key_fields: Sequence[str],
     group_field: str | None = None,
-    parse: Callable[[RawFile], list[dict]] | None = None,
+    parse: Callable[[RawFile, list[str]], Iterator[dict]] | None = None,
     clean: Callable[[list[dict]], tuple[list[dict], dict]] | None = None,
 ) -> DataParts:
-    """Every source of `spec.data` (one `source`, or `files` per split) read, cleaned and de-duplicated.
-    `parse` and `clean` replace the field reader and the per-field cleaning (chat rows: data/chat.py)."""
+    """Every source of `spec.data` (one `source`, or `files` per split) read a chunk at a time, cleaned,
+    spooled to `folder` (data/spool.py) and de-duplicated. `parse` and `clean` replace the field reader and
+    the per-field cleaning (chat rows: data/chat.py); `clean` sees a bounded chunk of rows at a time."""
     data = spec.data
     sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
-    parts, read, touched, duplicates, hashes = {}, {}, Counter(), 0, {}
-    for name, location in sources.items():
-        field = "data.source" if name == "all" else f"data.files.{name}"
-        with open_source(location, spec.store, field) as raw:
-            hashes[location] = raw.sha256
-            rows = parse(raw) if parse else rows_from_file(raw, wanted, data.labels, group_field)
-        read[name] = len(rows)
-        rows, counts = clean(rows) if clean else apply_rules(rows, tuple(key_fields), data.clean)
-        touched.update(counts)
-        rows, dropped = dedupe(rows, key_fields, field, labelled=group_field is None)
-        duplicates += dropped
-        parts[name] = rows
-    return DataParts(parts, read, duplicates, {"sources": hashes, "cleaning": dict(touched)})
+    parts = DataParts({}, {}, 0, {"sources": {}, "cleaning": Counter()})
+    try:
+        for name, location in sources.items():
+            field = "data.source" if name == "all" else f"data.files.{name}"
+            spool = Spool(folder / f"{name}.jsonl")
+            parts.spools.append(spool)
+            with open_source(location, spec.store, field) as raw:
+                parts.summary["sources"][location] = raw.sha256
+                errors: list[str] = []
+                rows = parse(raw, errors) if parse else text_rows(raw, wanted, data.labels, group_field, errors)
+                parts.read[name] = 0
+                started = last = time.monotonic()
+                for chunk in chunked(rows):
+                    parts.read[name] += len(chunk)
+                    chunk, counts = clean(chunk) if clean else apply_rules(chunk, tuple(key_fields), data.clean)
+                    parts.summary["cleaning"].update(counts)
+                    for row in chunk:
+                        spool.add(row, dedupe_key(row, key_fields))
+                    if time.monotonic() - last > 5:
+                        last, done = time.monotonic(), parts.read[name]
+                        log(f"data: read {done:,} rows of {raw.name} ({done / (last - started):,.0f} rows/s)")
+                refuse(errors)
+            parts.rows[name], dropped = dedupe(spool.close(), key_fields, field, labelled=group_field is None)
+            parts.duplicates += dropped
+    except BaseException:
+        for spool in parts.spools:
+            spool.remove()
+        raise
+    parts.summary["cleaning"] = dict(parts.summary["cleaning"])
+    return parts
 
 
 def text_leaks(
-    splits: dict[str, list[dict]], pairs: list[tuple[str, str]], threshold: float, text: Callable[[dict], str]
+    splits: dict[str, Sequence[dict]], pairs: list[tuple[str, str]], threshold: float, text: Callable[[dict], str]
 ) -> Leaks:
-    """Exact and MinHash near duplicates between `pairs` of splits, on `text(row)`."""
-    texts = {name: [text(r) for r in rows] for name, rows in splits.items()}
+    """Exact and MinHash near duplicates between `pairs` of splits, on `text(row)` (computed when the check
+    reads a row, never held for a whole split)."""
+    texts = {name: Mapped(rows, text) for name, rows in splits.items()}
     return Leaks(find_leaks(texts, pairs, threshold=threshold), texts, LEAKCHECK_VERSION, threshold)
 
 

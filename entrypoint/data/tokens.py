@@ -279,6 +279,13 @@ def full_lengths(split: Sequence[Encoded]) -> list[int]:
     return [e.full_length for e in split]
 
 
+def truncated_flags(split: Sequence[Encoded]) -> list[bool]:
+    """Whether each example was cut at max_length, without reading a TokenizedSplit's ids."""
+    if isinstance(split, TokenizedSplit):
+        return [flag for columns in split._columns for flag in columns["_truncated"].to_pylist()]
+    return [e.truncated for e in split]
+
+
 def token_counts(split: Sequence[Encoded]) -> list[int]:
     """Input ids per example (after truncation); none for examples without ids (images)."""
     if isinstance(split, TokenizedSplit):

@@ -10,7 +10,7 @@ Phases never ask which kind they run: they call `ctx.kind`. Adding a kind is one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,12 +23,14 @@ __all__ = ["Baseline", "DataParts", "JobKind", "Leaks", "kind_for"]
 @dataclass
 class DataParts:
     """What a kind read from the spec's data sources: rows per source (`all`, or `train`/`eval`/`test`),
-    each with a `label`, and the counts the data phase reports."""
+    each with a `label` (a list, or rows spooled to disk: data/spool.py), and the counts the data phase
+    reports."""
 
-    rows: dict[str, list[dict]]
+    rows: dict[str, Sequence[dict]]
     read: dict[str, int]
     duplicates: int
     summary: dict = field(default_factory=dict)  # kind-specific: source hashes, cleaning counts
+    spools: list = field(default_factory=list)  # data.spool.Spool files, removed when the data phase ends
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,9 @@ class JobKind(Protocol):
     stores_tokens: bool  # the data phase stores encoded splits (data/tokens.py) that later phases map
 
     # -- data phase ------------------------------------------------------------------------------------
-    def read(self) -> DataParts:
-        """Read, check, clean and de-duplicate the sources. Raises DataError naming file and line."""
+    def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
+        """Read, check, clean and de-duplicate the sources (spooling rows to `folder` when the kind streams
+        them; progress to `log`). Raises DataError naming file and line."""
 
     def find_leaks(self, splits: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> Leaks:
         """Exact and near duplicates between the split pairs (`(checked side, other side)`)."""

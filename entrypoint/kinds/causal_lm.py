@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows_from_file, clean_chat, encode_chat
+from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows, clean_chat, encode_chat
 from entrypoint.data.encoding import (
     IGNORE_INDEX,
     encode_causal,
@@ -46,17 +46,20 @@ class CausalLM:
     def chat(self) -> bool:
         return self.spec.data.format != "prompt_response"
 
-    def read(self) -> DataParts:
+    def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
         data = self.spec.data
         wanted = {"prompt": data.prompt_field, "response": data.response_field}
+        keys = ("prompt", "response")
         if not self.chat:
-            return read_text_parts(self.spec, wanted, ("prompt", "response"), group_field=data.label_field)
+            return read_text_parts(self.spec, folder, log, wanted, keys, group_field=data.label_field)
         return read_text_parts(
             self.spec,
+            folder,
+            log,
             wanted,
-            ("prompt", "response"),
+            keys,
             group_field=data.label_field,
-            parse=lambda raw: chat_rows_from_file(raw, data.format, data.label_field, data.train_on),
+            parse=lambda raw, errors: chat_rows(raw, data.format, data.label_field, data.train_on, errors),
             clean=lambda rows: clean_chat(rows, data.clean),
         )
 

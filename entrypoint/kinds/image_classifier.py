@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from entrypoint.data.encoding import PREPROCESS_VERSION, encode_image, processor_sha256
@@ -51,7 +51,7 @@ class ImageClassifier:
         self._decoded: dict[str, tuple] = {}  # path -> load_image(path): each file decoded once per phase
 
     # -- data phase ------------------------------------------------------------------------------------
-    def read(self) -> DataParts:
+    def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
         data = self.spec.data
         sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
         parts, read, duplicates = {}, {}, 0

@@ -6,7 +6,7 @@ zero-shot: each text gets the category whose description embeds closest to it (m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from entrypoint.data.encoding import encode_classification
@@ -30,9 +30,10 @@ class TextClassifier:
         self.spec = spec
 
     # -- data phase ------------------------------------------------------------------------------------
-    def read(self) -> DataParts:
+    def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
         data = self.spec.data
-        return read_text_parts(self.spec, {"text": data.text_field, "label": data.label_field}, ("text",))
+        wanted = {"text": data.text_field, "label": data.label_field}
+        return read_text_parts(self.spec, folder, log, wanted, ("text",))
 
     def find_leaks(self, splits: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> Leaks:
         return text_leaks(splits, pairs, self.spec.data.leaks.near_threshold, lambda row: row["text"])

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -24,6 +27,7 @@ from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse
 from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
+from entrypoint.data.spool import chunked, labels_of
 from entrypoint.data.tokens import (
     TOKENS_FORMAT,
     TokenizedSplit,
@@ -36,13 +40,26 @@ from entrypoint.data.tokens import (
 )
 from entrypoint.evaluation.seal import check_seal
 from entrypoint.job.state import to_jsonl
+from entrypoint.kinds import DataParts
 
-__all__ = ["run", "smoke_pass"]
+__all__ = ["run", "smoke_pass", "write_jsonl"]
 
 
 def run(ctx: PhaseContext) -> dict:
+    folder = ctx.workdir / "spool"  # rows read, and splits before upload: this phase's scratch space
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    parts = ctx.kind.read(folder, ctx.log)
+    try:
+        return _run(ctx, parts, folder)
+    finally:
+        for spool in parts.spools:
+            spool.remove()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     data, kind = ctx.spec.data, ctx.kind
-    parts = kind.read()
     if data.source:
         splits = split_rows(parts.rows["all"], data.split.eval, data.split.test, data.split.seed)
     else:
@@ -58,9 +75,11 @@ def run(ctx: PhaseContext) -> dict:
     labels = check_categories(splits, data.labels)
 
     canonical = kind.commit_splits(ctx.store, splits)
-    check_seal(ctx, hashlib.sha256(to_jsonl(canonical["test"])).hexdigest())  # before any compute is spent
-    for name, rows in canonical.items():
-        ctx.store.put_bytes(f"phases/data/{name}.jsonl", to_jsonl(rows))
+    written = {name: write_jsonl(rows, folder / f"split-{name}.jsonl") for name, rows in canonical.items()}
+    check_seal(ctx, written["test"])  # before any compute is spent
+    for name, sha256 in written.items():
+        if ctx.store.put_file(f"phases/data/{name}.jsonl", folder / f"split-{name}.jsonl") != sha256:
+            raise RuntimeError(f"data: {folder}/split-{name}.jsonl changed while it was uploaded; run the job again")
 
     processor = kind.processor(ctx.model_dir)
     recipe = kind.recipe(ctx.model_dir, processor)
@@ -88,7 +107,7 @@ def run(ctx: PhaseContext) -> dict:
         "rows_read": parts.read,
         "exact_duplicates_dropped": parts.duplicates,
         "labels": labels,
-        "counts": {name: dict(sorted(Counter(r["label"] for r in rows).items())) for name, rows in splits.items()},
+        "counts": {name: dict(sorted(Counter(labels_of(rows)).items())) for name, rows in splits.items()},
         "split": {"method": recipe["split"], "eval": data.split.eval, "test": data.split.test, "seed": data.split.seed},
         "leaks": {"counts": summary["counts"], "dropped": summary["dropped"], "method": summary["method"]},
         **({"lengths": lengths} if lengths else {}),
@@ -99,8 +118,19 @@ def run(ctx: PhaseContext) -> dict:
     }
 
 
+def write_jsonl(rows: Iterable[dict], path: Path) -> str:
+    """`rows` written to `path` as the store keeps them (`to_jsonl`), a chunk at a time; returns the sha256."""
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        for chunk in chunked(rows):
+            data = to_jsonl(chunk)
+            out.write(data)
+            digest.update(data)
+    return digest.hexdigest()
+
+
 def store_tokens(
-    ctx: PhaseContext, processor, canonical: dict[str, list[dict]], labels: list[str], version: str
+    ctx: PhaseContext, processor, canonical: dict[str, Sequence[dict]], labels: list[str], version: str
 ) -> tuple[dict[str, TokenizedSplit], dict]:
     """Encode every split once, as training will see it, write it to an Arrow file in this node's token
     cache and commit it to the store (data/tokens.py). Returns the memory-mapped splits and the record
@@ -127,7 +157,7 @@ def store_tokens(
 
 
 def smoke_pass(
-    ctx: PhaseContext, processor, splits: dict[str, list[dict]], labels: list[str], encoded: dict | None = None
+    ctx: PhaseContext, processor, splits: dict[str, Sequence[dict]], labels: list[str], encoded: dict | None = None
 ) -> dict:
     """One batch per split through the real collator, forward and loss: wiring errors show now, not after
     hours of training. Says nothing about quality. Records the input shape the model itself received."""
