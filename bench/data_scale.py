@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,7 @@ def main() -> None:
             flush=True,
         )
     print(json.dumps(results))
+    shutil.rmtree(folder, ignore_errors=True)  # the generated data: gigabytes at 2M rows
 
 
 if __name__ == "__main__":

@@ -153,8 +153,6 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
     errors += [f"{source}: {line}" for line in trial_errors(spec)]
     if spec.data.modality == "image" and spec.hypothesis.task != "classification":
         errors.append(f"{source}: data.modality: expected text for task {spec.hypothesis.task}; images are classified")
-    if spec.data.modality == "image" and (spec.data.source or "").startswith("s3://"):
-        errors.append(f"{source}: data.source: expected a local folder or JSONL for images (s3:// is for text data)")
     chat = spec.data.format != "prompt_response"
     if chat and spec.hypothesis.task == "classification":
         errors.append(

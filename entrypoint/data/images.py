@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from entrypoint.data.bucket import BucketFiles, is_uri, join_uri
 from entrypoint.data.leaks import LeakPair
 from entrypoint.data.reading import DataError, RawFile, json_objects, refuse
 from jobspec.schema import IMAGE_SUFFIXES
@@ -52,22 +53,40 @@ _TRANSFORM_KEYS += ("image_mean", "image_std", "resample", "do_convert_rgb")
 _TOP_SIZES = 5
 
 
-def image_rows(location: str | Path, image_field: str = "image", label_field: str = "label") -> list[dict]:
+def image_rows(
+    location: str | Path, image_field: str = "image", label_field: str = "label", bucket: BucketFiles | None = None
+) -> list[dict]:
     """Rows `{"path": absolute str, "name": str, "label": str, "sha256": hex}` sorted by (label, name).
 
     Folder (ImageFolder): each non-hidden subfolder is a label; files with an `IMAGE_SUFFIXES` suffix (any
     case) at any depth below it are its images, `name` being the posix path relative to the folder. Hidden
     entries and other files are ignored. A `.jsonl` holds `{image_field: path, label_field: label}` rows;
-    relative paths resolve against its folder and `name` is the path as written. Raises DataError (up to 20
-    lines, each naming the file and line) for: location missing or not a folder/.jsonl; no label subfolders
-    or no images; invalid JSON, a missing/empty/non-string field, or an image file that does not exist.
+    relative paths resolve against its folder and `name` is the path as written. In a bucket (`bucket`
+    fetches them): an `s3://bucket/prefix` ImageFolder, an `s3://.../rows.jsonl` (relative image paths
+    resolve against its prefix), and `s3://` image paths in any JSONL, each image downloaded once. Raises
+    DataError (up to 20 lines, each naming the file and line) for: location missing or not a folder/.jsonl;
+    no label subfolders or no images; invalid JSON, a missing/empty/non-string field, or an image file (or
+    object) that does not exist.
     """
-    root = Path(location)
-    if not root.exists():
-        raise DataError(f"{location}: not found (resolved from {Path.cwd()})")
-    if not root.is_dir() and root.suffix.lower() != ".jsonl":
-        raise DataError(f"{location}: expected a folder in ImageFolder layout (<folder>/<label>/<image>) or a .jsonl")
-    rows = _folder_rows(root) if root.is_dir() else _jsonl_rows(root, image_field, label_field)
+    location = str(location)
+    if is_uri(location) and bucket is None:
+        raise DataError(f"{location}: images in a bucket are read by the data phase (no bucket access given)")
+    if is_uri(location) and location.lower().endswith(".jsonl"):
+        local = bucket.file(location)
+        if local is None:
+            raise DataError(f"{location}: no such object")
+        rows = _jsonl_rows(local, image_field, label_field, bucket, shown=location)
+    elif is_uri(location):
+        rows = _folder_rows(bucket.prefix(location))
+    else:
+        root = Path(location)
+        if not root.exists():
+            raise DataError(f"{location}: not found (resolved from {Path.cwd()})")
+        if not root.is_dir() and root.suffix.lower() != ".jsonl":
+            raise DataError(
+                f"{location}: expected a folder in ImageFolder layout (<folder>/<label>/<image>) or a .jsonl"
+            )
+        rows = _folder_rows(root) if root.is_dir() else _jsonl_rows(root, image_field, label_field, bucket)
     rows.sort(key=lambda r: (r["label"], r["name"]))
     for row in rows:
         row["sha256"] = hashlib.sha256(Path(row["path"]).read_bytes()).hexdigest()
@@ -91,10 +110,13 @@ def _folder_rows(root: Path) -> list[dict]:
     return rows
 
 
-def _jsonl_rows(path: Path, image_field: str, label_field: str) -> list[dict]:
+def _jsonl_rows(
+    path: Path, image_field: str, label_field: str, bucket: BucketFiles | None, shown: str | None = None
+) -> list[dict]:
+    """Rows of a JSONL file at `path` (`shown`: its s3:// URI when it was downloaded from a bucket)."""
     rows, errors = [], []
-    for number, obj in json_objects(RawFile(str(path), path), errors):
-        where = f"{path}:{number}"
+    for number, obj in json_objects(RawFile(shown or str(path), path), errors):
+        where = f"{shown or path}:{number}"
         values = {}
         for field in (image_field, label_field):
             value = obj.get(field)
@@ -105,14 +127,22 @@ def _jsonl_rows(path: Path, image_field: str, label_field: str) -> list[dict]:
                 errors.append(f"{where}: field {field!r} is {what}; expected a string")
         if image_field not in values or label_field not in values:
             continue
-        image = (path.parent / values[image_field]).resolve()
-        if not image.is_file():
-            errors.append(f"{where}: image file not found ({values[image_field]} -> {image})")
-            continue
-        rows.append({"path": str(image), "name": values[image_field], "label": values[label_field]})
+        written = values[image_field]
+        uri = written if is_uri(written) else join_uri(shown, written) if shown else None
+        if uri is not None:
+            image = bucket.file(uri) if bucket is not None else None
+            if image is None:
+                errors.append(f"{where}: image not found in the bucket ({written} -> {uri})")
+                continue
+        else:
+            image = (path.parent / written).resolve()
+            if not image.is_file():
+                errors.append(f"{where}: image file not found ({written} -> {image})")
+                continue
+        rows.append({"path": str(image), "name": written, "label": values[label_field]})
     refuse(errors)
     if not rows:
-        raise DataError(f"{path}: no rows")
+        raise DataError(f"{shown or path}: no rows")
     return rows
 
 

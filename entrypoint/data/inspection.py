@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.packing import row_boundaries
+from entrypoint.data.packing import pack_plan, packed, row_boundaries
 from entrypoint.data.spool import labels_of
 from entrypoint.data.tokens import full_lengths, truncated_flags
 
@@ -170,15 +170,17 @@ def to_markdown(records: Sequence[dict], stats: dict[str, dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def packed_row(processor, rows: Sequence[dict], max_length: int) -> tuple[dict, str]:
-    """With packing: how the train split packs (rows, fill) and the row holding the most examples, each
-    example's token span and positions, and its text (what the loss trains on between [[ ]])."""
-    row = max(rows, key=lambda r: (len(r["lengths"]), -rows.index(r)))
-    tokens = sum(len(r["input_ids"]) for r in rows)
+def packed_row(processor, features: Sequence[dict], lengths: Sequence[int], max_length: int) -> tuple[dict, str]:
+    """With packing: how the train split packs (rows, fill; planned from the token `lengths` alone) and the
+    row holding the most examples (the first such), each example's token span and positions, and its text
+    (what the loss trains on between [[ ]])."""
+    plan = pack_plan(lengths, max_length)
+    most = max(range(len(plan)), key=lambda r: (len(plan[r]), -r))
+    row = packed([features[i] for i in plan[most]])
     record = {
-        "rows": len(rows),
-        "examples": sum(len(r["lengths"]) for r in rows),
-        "fill": round(tokens / (len(rows) * max_length), 4),
+        "rows": len(plan),
+        "examples": len(lengths),
+        "fill": round(sum(lengths) / (len(plan) * max_length), 4),
         "shown_row": {"tokens": len(row["input_ids"]), "examples": []},
     }
     out = [

@@ -27,12 +27,33 @@ import torch
 
 from entrypoint.data.encoding import IGNORE_INDEX
 
-__all__ = ["PackedCollator", "pack", "row_boundaries", "step_rows", "to_device"]
+__all__ = ["PackedCollator", "PackedRows", "pack", "pack_plan", "packed", "row_boundaries", "step_rows", "to_device"]
 
 
-def step_rows(spec, features: Sequence[dict]) -> list[dict]:
-    """What training steps draw from: the encoded examples, or with `training.packing` their packed rows."""
-    return pack(features, spec.model.max_length) if spec.training.packing else list(features)
+def step_rows(spec, features: Sequence[dict], lengths: Sequence[int] | None = None) -> Sequence[dict]:
+    """What training steps draw from: the encoded examples, or with `training.packing` their packed rows,
+    planned from the examples' token `lengths` (read from the features when not given) and built when a
+    step asks for them."""
+    if not spec.training.packing:
+        return features
+    if lengths is None:
+        lengths = [len(f["input_ids"]) for f in features]
+    return PackedRows(features, pack_plan(lengths, spec.model.max_length))
+
+
+class PackedRows(Sequence):
+    """Packed rows built on access from `plan` (pack_plan) over `features`: nothing but the plan is held."""
+
+    def __init__(self, features: Sequence[dict], plan: list[list[int]]):
+        self.features, self.plan = features, plan
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return packed([self.features[i] for i in self.plan[index]])
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -44,11 +65,18 @@ def pack(features: Sequence[dict], max_length: int) -> list[dict]:
     """Rows of at most `max_length` tokens, each holding whole examples: `input_ids`, `labels` and
     `position_ids` (0.. per example), and `lengths` (the examples' token counts, in row order; the
     collator drops it). Examples are already truncated to max_length by encoding."""
-    order = sorted(range(len(features)), key=lambda i: (-len(features[i]["input_ids"]), i))
+    plan = pack_plan([len(f["input_ids"]) for f in features], max_length)
+    return [packed([features[i] for i in members]) for members in plan]
+
+
+def pack_plan(lengths: Sequence[int], max_length: int) -> list[list[int]]:
+    """Which examples share a row (best-fit decreasing on their token `lengths`): example indices per row.
+    Needs the lengths alone, so a whole split is planned without reading its token ids."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rows: list[list[int]] = []  # example indices per row
     free: list[tuple[int, int]] = []  # (tokens left, row index), sorted: the fullest row that fits is found by bisect
     for i in order:
-        n = len(features[i]["input_ids"])
+        n = lengths[i]
         if n > max_length:
             raise ValueError(f"packing: an example of {n} tokens is longer than model.max_length {max_length}")
         at = bisect.bisect_left(free, (n, -1))
@@ -60,10 +88,11 @@ def pack(features: Sequence[dict], max_length: int) -> list[dict]:
         rows[row].append(i)
         if left - n > 0:
             bisect.insort(free, (left - n, row))
-    return [_row([features[i] for i in members]) for members in rows]
+    return rows
 
 
-def _row(examples: Sequence[dict]) -> dict:
+def packed(examples: Sequence[dict]) -> dict:
+    """One packed row of `examples`, in that order."""
     input_ids, labels, positions, lengths = [], [], [], []
     for example in examples:
         ids = list(example["input_ids"])

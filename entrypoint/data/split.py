@@ -6,7 +6,7 @@ import hashlib
 import json
 import random
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -27,14 +27,23 @@ SPLITS = ("train", "eval", "test")
 SPLIT_VERSION = "stratified-2"  # 2: rows ordered by a digest of their JSON, not the JSON itself
 
 
-def split_rows(rows: Sequence[dict], eval_share: float, test_share: float, seed: int) -> dict[str, Sequence[dict]]:
+def split_rows(
+    rows: Sequence[dict],
+    eval_share: float,
+    test_share: float,
+    seed: int,
+    identity: Callable[[dict], dict] | None = None,
+) -> dict[str, Sequence[dict]]:
     """Stratified split: each category is shuffled with `seed` and cut by the shares, so every split holds
-    every category in about the same proportion. Deterministic for the same rows in any input order.
-    Spooled rows give views of the same spool (data/spool.py); a list gives lists."""
+    every category in about the same proportion. Deterministic for the same rows in any input order: rows
+    are first ordered by a digest of their `identity` (the row itself when None). Spooled rows (text rows,
+    their own identity) use the digests taken when they were spooled and give views of the same spool
+    (data/spool.py); a list gives lists."""
     if isinstance(rows, SpooledRows):
         order = rows.order
     else:
-        order = np.frombuffer(b"".join(order_digest(row) for row in rows), dtype=np.uint8).reshape(-1, 16)
+        digests = b"".join(order_digest(identity(row) if identity else row) for row in rows)
+        order = np.frombuffer(digests, dtype=np.uint8).reshape(-1, 16)
     positions = split_positions(order, labels_of(rows), eval_share, test_share, seed)
     if isinstance(rows, SpooledRows):
         return {name: rows.take(chosen) for name, chosen in positions.items()}

@@ -20,6 +20,7 @@ import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -140,9 +141,10 @@ class SpooledRows(Sequence):
 
 
 class Mapped(Sequence):
-    """`fn` applied to each row of `rows` when asked for (the leak check's texts, without a copy of them)."""
+    """`fn` applied to each row of `rows` when asked for (the leak check's texts, the rows' identities),
+    without a copy of them."""
 
-    def __init__(self, rows: Sequence[dict], fn: Callable[[dict], str]):
+    def __init__(self, rows: Sequence[dict], fn: Callable[[dict], Any]):
         self.rows, self.fn = rows, fn
 
     def __len__(self) -> int:
@@ -153,7 +155,7 @@ class Mapped(Sequence):
             return [self.fn(row) for row in self.rows[index]]
         return self.fn(self.rows[index])
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator:
         return map(self.fn, self.rows)
 
 

@@ -17,10 +17,10 @@ from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
 from entrypoint.data.inspection import build_inspection, length_stats, packed_row, to_markdown
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
-from entrypoint.data.packing import pack
 from entrypoint.data.reading import DataError, RawFile, open_source, refuse, text_rows
 from entrypoint.data.split import SPLIT_VERSION, SPLITS, sort_digests
 from entrypoint.data.spool import Mapped, Spool, SpooledRows, chunked
+from entrypoint.data.tokens import features_of, token_counts
 from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
 
@@ -132,8 +132,9 @@ def text_inspection(
     )
     inspection, markdown = {"examples": records, "lengths": stats}, to_markdown(records, stats)
     if spec.training.packing:
-        rows = pack([e.features for e in encoded["train"]], spec.model.max_length)
-        inspection["packing"], shown = packed_row(processor, rows, spec.model.max_length)
+        train = encoded["train"]
+        lengths = token_counts(train)
+        inspection["packing"], shown = packed_row(processor, features_of(train), lengths, spec.model.max_length)
         markdown += shown
     return inspection, markdown, {}
 

@@ -65,8 +65,9 @@ class JobKind(Protocol):
     def commit_splits(self, store, splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
         """The canonical rows each later phase reads, by split; stores whatever they point to (images)."""
 
-    def version_rows(self, canonical: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        """What identifies the examples in the data version (content, never file names)."""
+    def identity(self, row: dict) -> dict:
+        """What identifies an example (its content, never a file name or local path): the seeded split
+        orders rows by it and the data version hashes it."""
 
     def recipe(self, folder: Path, processor) -> dict:
         """Everything besides the examples that decides what training sees (versions, hashes, settings)."""

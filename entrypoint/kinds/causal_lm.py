@@ -70,8 +70,8 @@ class CausalLM:
     def commit_splits(self, store, splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
         return splits
 
-    def version_rows(self, canonical: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        return canonical
+    def identity(self, row: dict) -> dict:
+        return row  # a text row is its content
 
     def recipe(self, folder: Path, processor) -> dict:
         data = self.spec.data

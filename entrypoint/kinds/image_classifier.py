@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from entrypoint.data.bucket import BucketFiles
 from entrypoint.data.encoding import PREPROCESS_VERSION, encode_image, processor_sha256
 from entrypoint.data.images import (
     IMAGES_VERSION,
@@ -55,8 +56,9 @@ class ImageClassifier:
         data = self.spec.data
         sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
         parts, read, duplicates = {}, {}, 0
+        bucket = BucketFiles(self.spec.store, folder / "bucket")  # images in s3://, fetched once for this phase
         for name, location in sources.items():
-            rows = image_rows(location.removeprefix("file://"), data.image_field, data.label_field)
+            rows = image_rows(location.removeprefix("file://"), data.image_field, data.label_field, bucket)
             if data.labels:
                 bad = [f"{r['name']}: label {r['label']!r}" for r in rows if r["label"] not in data.labels]
                 if bad:
@@ -102,14 +104,14 @@ class ImageClassifier:
                     store.put_file(key, Path(row["path"]))
         return canonical
 
-    def version_rows(self, canonical: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        return {n: [{"sha256": r["sha256"], "label": r["label"]} for r in rows] for n, rows in canonical.items()}
+    def identity(self, row: dict) -> dict:
+        return {"sha256": row["sha256"], "label": row["label"]}  # the same image anywhere, under any name
 
     def recipe(self, folder: Path, processor) -> dict:
         data = self.spec.data
         return {
             "modality": "image",
-            "split": SPLIT_VERSION if data.source else "given",
+            "split": f"{SPLIT_VERSION}-by-content" if data.source else "given",  # ordered by identity()
             "images": IMAGES_VERSION,
             "image_modes": list(data.image_modes),
             "preprocess": PREPROCESS_VERSION,

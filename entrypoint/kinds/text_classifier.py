@@ -41,8 +41,8 @@ class TextClassifier:
     def commit_splits(self, store, splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
         return splits  # the rows themselves are canonical
 
-    def version_rows(self, canonical: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        return canonical
+    def identity(self, row: dict) -> dict:
+        return row  # a text row is its content
 
     def recipe(self, folder: Path, processor) -> dict:
         return text_recipe(self.spec, folder, "classification")

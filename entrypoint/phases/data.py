@@ -27,7 +27,7 @@ from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse
 from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
-from entrypoint.data.spool import chunked, labels_of
+from entrypoint.data.spool import Mapped, chunked, labels_of
 from entrypoint.data.tokens import (
     TOKENS_FORMAT,
     TokenizedSplit,
@@ -61,7 +61,7 @@ def run(ctx: PhaseContext) -> dict:
 def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     data, kind = ctx.spec.data, ctx.kind
     if data.source:
-        splits = split_rows(parts.rows["all"], data.split.eval, data.split.test, data.split.seed)
+        splits = split_rows(parts.rows["all"], data.split.eval, data.split.test, data.split.seed, kind.identity)
     else:
         splits = parts.rows
     check_categories(splits, data.labels)
@@ -83,7 +83,7 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
 
     processor = kind.processor(ctx.model_dir)
     recipe = kind.recipe(ctx.model_dir, processor)
-    version = data_version(kind.version_rows(canonical), recipe)
+    version = data_version({name: Mapped(rows, kind.identity) for name, rows in canonical.items()}, recipe)
     encoded, tokens = store_tokens(ctx, processor, canonical, labels, version) if kind.stores_tokens else (None, None)
     inspection, markdown, files = kind.inspect(processor, splits, labels, encoded)
     smoke = smoke_pass(ctx, processor, splits, labels, encoded)

@@ -24,7 +24,7 @@ import torch
 from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
-from entrypoint.data.tokens import features_of, full_lengths
+from entrypoint.data.tokens import features_of, full_lengths, token_counts
 from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 
@@ -93,7 +93,7 @@ def _train_rows(ctx: PhaseContext, processor, labels: list[str]) -> int:
     split = ctx.encoded("train", processor, labels)
     if not ctx.spec.training.packing:
         return len(split)
-    return len(step_rows(ctx.spec, features_of(split)))
+    return len(step_rows(ctx.spec, features_of(split), token_counts(split)))
 
 
 def _longest(split, size: int) -> list[dict]:

@@ -309,7 +309,8 @@ def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
     tokens = token_counts(train_split)
     data = {"examples": len(features), "mean_tokens_per_example": sum(tokens) / len(tokens) if tokens else None}
     if spec.training.packing:  # eval loss too: per token it is the same packed or not, and faster
-        features, eval_features = step_rows(spec, features), step_rows(spec, eval_features)
+        eval_tokens = token_counts(eval_split)
+        features, eval_features = step_rows(spec, features, tokens), step_rows(spec, eval_features, eval_tokens)
         data.update(packed_rows=len(features), tokens=sum(tokens), max_length=spec.model.max_length)
         data["row_fill"] = round(sum(tokens) / (len(features) * spec.model.max_length), 4)
         ctx.log(

@@ -53,6 +53,50 @@ def _given_splits(tmp_path: Path) -> dict:
     return files
 
 
+def _upload_folder(store, folder: Path, prefix: str) -> None:
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        store.client.put_object(
+            Bucket=store.bucket, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=path.read_bytes()
+        )
+
+
+def test_images_in_a_bucket_give_the_data_of_the_same_images_on_disk(tmp_path, vit, s3_server, s3_store):
+    """An ImageFolder under a bucket prefix, a JSONL in the bucket with relative paths, and a local JSONL
+    with s3:// paths: the same images and labels as the local folder, so the same data version. A missing
+    object is refused naming the line and the URI."""
+    folder = write_shapes(tmp_path / "shapes", per_category=8, seed=3)
+    _upload_folder(s3_store, folder, "data/shapes")
+    rows = [
+        {"image": p.relative_to(folder).as_posix(), "label": p.parent.name}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
+    jsonl = "".join(json.dumps(r) + "\n" for r in rows)
+    s3_store.client.put_object(Bucket=s3_store.bucket, Key="data/shapes/rows.jsonl", Body=jsonl.encode())
+    bucket = f"s3://{s3_store.bucket}/data/shapes"
+    local_jsonl = tmp_path / "uris.jsonl"
+    local_jsonl.write_text("".join(json.dumps({**r, "image": f"{bucket}/{r['image']}"}) + "\n" for r in rows))
+    options = {"endpoint_url": s3_server, "addressing_style": "path"}
+    versions = {}
+    for name, source in {"local": str(folder), "prefix": bucket, "jsonl": f"{bucket}/rows.jsonl"}.items():
+        spec = {**_example(vit, {"source": source}), "store": {"uri": f"s3://{s3_store.bucket}/jobs", **options}}
+        result, ctx = _data_phase(tmp_path / name, spec)
+        versions[name] = result["data_version"]
+        assert not (ctx.workdir / "spool").exists()  # downloaded images go when the phase ends
+    uris = {**_example(vit, {"source": str(local_jsonl)}), "store": {"uri": f"s3://{s3_store.bucket}/jobs", **options}}
+    # names differ (URIs, not relative paths) but the version is over image bytes and labels
+    versions["uris"] = _data_phase(tmp_path / "uris", uris)[0]["data_version"]
+    assert len(set(versions.values())) == 1, versions
+
+    local_jsonl.write_text(
+        local_jsonl.read_text() + json.dumps({"image": f"{bucket}/circle/gone.png", "label": "circle"}) + "\n"
+    )
+    with pytest.raises(
+        DataError, match=rf"uris.jsonl:{len(rows) + 1}: image not found in the bucket .*{bucket}/circle/gone.png"
+    ):
+        _data_phase(tmp_path / "missing", uris)
+
+
 def test_a_re_encoded_resized_copy_across_train_and_test_is_found(tmp_path, vit):
     files = _given_splits(tmp_path)
     original = Path(files["train"]) / "circle" / "circle-002.png"
