@@ -193,19 +193,25 @@ def run(
 )
 @click.option("--with-adapter", is_flag=True, help="Also download export/adapter (the trained weights).")
 def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | None, with_adapter: bool) -> None:
-    """Download JOB_ID's report (results.json, report.md, plots) and export metadata to a local folder."""
+    """Download JOB_ID's report (results.json, report.md, plots), export metadata and TensorBoard event
+    files (DEST/tensorboard/<trial>/, one run per trial: `tensorboard --logdir DEST/tensorboard`) to a local
+    folder. Event files come while the job still trains."""
     dest = dest or Path(job_id)
     with _exits():
         store = job_store(open_store(store_uri, endpoint_url=endpoint_url), job_id)
         keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
         keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
-        if not keys:
+        events = [info.key for info in store.list("trials") if info.key.split("/")[2:3] == ["tensorboard"]]
+        if not keys and not events:
             raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
-        for key in keys:
-            target = dest / key
+        targets = {key: dest / key for key in keys}
+        targets.update({key: dest / "tensorboard" / key.split("/")[1] / key.split("/")[-1] for key in events})
+        for key, target in targets.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(store.get_bytes(key))
-    click.echo(f"fetched {len(keys)} files to {dest}/ (report: {dest / 'report/report.md'})")
+    click.echo(f"fetched {len(targets)} files to {dest}/" + (f" (report: {dest / 'report/report.md'})" if keys else ""))
+    if events:
+        click.echo(f"tensorboard --logdir {dest / 'tensorboard'}")
     results = dest / "report/results.json"
     if results.is_file():
         click.echo("\n" + summary_table(json.loads(results.read_text())))

@@ -117,7 +117,7 @@ def run_job(
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()
     try:
-        preflight(spec.training, spec.model)
+        preflight(spec.training, spec.model, spec.tracking)
         model_checked = False
         for name, phase in PHASES:
             if store.head(phase_result_key(name)) is not None:

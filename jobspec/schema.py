@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,6 +32,7 @@ __all__ = [
     "SplitPolicy",
     "Store",
     "TASK_METRICS",
+    "Tracking",
     "Training",
 ]
 
@@ -500,6 +501,73 @@ class Store(_Section):
     addressing_style: Literal["auto", "path", "virtual"] | None = None
 
 
+_CREDENTIAL_WORDS = ("key", "token", "password", "secret")
+
+
+class _TrackerSection(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _no_credentials(cls, data):
+        """A misplaced credential gets its own message (not just `extra field`): specs are stored in the
+        bucket, copied into exports and shown in reports."""
+        if isinstance(data, dict):
+            for name in data:
+                if any(word in str(name).lower() for word in _CREDENTIAL_WORDS):
+                    raise ValueError(
+                        f"{name}: credentials never go in the spec (it is stored with the job and its exports); "
+                        f"set them in the environment instead ({cls._credentials_env})"
+                    )
+        return data
+
+
+class MlflowTracking(_TrackerSection):
+    _credentials_env: ClassVar[str] = "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN"
+    tracking_uri: str | None = Field(
+        None,
+        max_length=2000,
+        pattern=r"^(https?|file|sqlite|postgresql|mysql|databricks)[:+]\S*$",
+        description="The MLflow tracking server (http(s)://, databricks, a database or file: URI); default: "
+        "MLFLOW_TRACKING_URI from the environment.",
+    )
+    experiment: str | None = Field(
+        None, min_length=1, max_length=500, description="Experiment name; default: rentune/<job id>."
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_userinfo(cls, value):
+        if value and re.match(r"^[a-z+]+://[^/@\s]*:[^/@\s]*@", value):
+            raise ValueError(
+                "expected a URI without user:password@ (the spec is stored with the job); set "
+                f"{cls._credentials_env} in the environment instead"
+            )
+        return value
+
+
+class WandbTracking(_TrackerSection):
+    _credentials_env: ClassVar[str] = "WANDB_API_KEY"
+    project: str = Field(min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$", description="W&B project.")
+    entity: str | None = Field(None, min_length=1, max_length=128, description="W&B team or user; default: yours.")
+
+
+class Tracking(_Section):
+    """Where training is followed besides rentune's own report. Each trial is one run in each tracker,
+    continued (same id, no repeated steps) after a resume on any node. A tracker that cannot be reached is
+    a warning in the log, never a failed job."""
+
+    tensorboard: bool = Field(
+        False, description="Event files under trials/<id>/tensorboard/ in the store (`rentune fetch` brings them)."
+    )
+    mlflow: MlflowTracking | None = Field(None, description="An MLflow run per trial.")
+    wandb: WandbTracking | None = Field(
+        None, description="A W&B run per trial (WANDB_API_KEY, WANDB_MODE=offline from the environment)."
+    )
+
+    @property
+    def enabled(self) -> list[str]:
+        return [name for name in ("tensorboard", "mlflow", "wandb") if getattr(self, name)]
+
+
 class JobSpec(_Section):
     """A whole job. `rentune schema` prints this model's JSON Schema."""
 
@@ -515,6 +583,7 @@ class JobSpec(_Section):
     distribution: Distribution = Field(default_factory=Distribution)
     rental: Rental = Field(default_factory=Rental)
     store: Store = Field(default_factory=Store)
+    tracking: Tracking = Field(default_factory=Tracking)
     experiments: list[Experiment] = Field(
         default_factory=list, max_length=100, description="Variants trained after `main`, each against a reference."
     )

@@ -4,7 +4,7 @@ phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run ag
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
-from entrypoint.job.state import trial_result_key
+from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
 from entrypoint.report.results import (
@@ -16,6 +16,7 @@ from entrypoint.report.results import (
     limitations,
     throughput_summary,
 )
+from entrypoint.tracking import RunRef, open_tracking, stored_ids, tracking_key
 from entrypoint.training.environment import environment
 
 __all__ = ["run"]
@@ -109,17 +110,52 @@ def run(ctx: PhaseContext) -> dict:
     family, names = bar_family(spec.hypothesis.task, baseline["metrics"])
     series = {"baseline": [baseline["metrics"][n] for n in names]}
     series.update({t["id"]: [t["metrics"][n] for n in names] for t in trials if t["metrics"]})
-    ctx.store.put_bytes("report/loss_curves.png", loss_curves_png(curves))
-    ctx.store.put_bytes(
-        "report/per_category.png",
-        category_bars_png([n.split("/", 1)[-1] for n in names], series, metric=family, title=f"{family} on eval"),
-    )
-    ctx.write_json("report/results.json", results)
-    ctx.write_json("report/results.schema.json", Results.model_json_schema())
-    ctx.store.put_bytes("report/report.md", render_markdown(results).encode())
+    files = {
+        "loss_curves.png": loss_curves_png(curves),
+        "per_category.png": category_bars_png(
+            [n.split("/", 1)[-1] for n in names], series, metric=family, title=f"{family} on eval"
+        ),
+        "results.json": dumps(results),
+        "results.schema.json": dumps(Results.model_json_schema()),
+        "report.md": render_markdown(results).encode(),
+    }
+    local = ctx.workdir / "report"
+    local.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        ctx.store.put_bytes(f"report/{name}", data)
+        (local / name).write_bytes(data)
     ctx.log(f"report: {ctx.store.uri}/report/report.md ({len(results['limitations'])} limitations noted)")
+    _track(ctx, results, [local / name for name in files if name != "results.schema.json"])
     return {"selected": selected, "verdict": results["verdict"], "files": sorted(_files(ctx))}
 
 
 def _files(ctx: PhaseContext) -> list[str]:
     return [info.key for info in ctx.store.list("report")]
+
+
+def _track(ctx: PhaseContext, results: dict, files: list) -> None:
+    """Each trial's tracker runs get the results, once: the baseline's and the trial's eval metrics (at the
+    trial's last step), the selected trial's test metrics, the verdict and status as run-level values, and
+    the report's files. A trial that never started has no run."""
+    if not ctx.spec.tracking.enabled:
+        return
+    selected, verdict = results["selected"]["trial_id"], results["verdict"]
+    for trial in results["trials"]:
+        stored = stored_ids(ctx.store, trial["id"], ctx.log)
+        if not stored or stored.get("reported"):
+            continue
+        run = RunRef(ctx.spec.job.id, trial["id"], ctx.store, ctx.workdir / "tracking", "report")
+        tracking = open_tracking(ctx.spec.tracking, run, ctx.log)
+        metrics = {f"baseline/{k}": v for k, v in results["baseline"]["metrics"].items()}
+        metrics.update({f"eval/{k}": v for k, v in (trial["metrics"] or {}).items()})
+        summary = {"status": trial["status"], "reason": trial["reason"] or "", "selected": str(trial["id"] == selected)}
+        if trial["id"] == selected:
+            metrics.update({f"test/{k}": v for k, v in results["test"]["trial"].items()})
+            metrics.update({f"test/baseline/{k}": v for k, v in results["test"]["baseline"].items()})
+            for split in ("eval", "test"):
+                summary.update({f"verdict.{split}.{k}": str(v) for k, v in verdict[split].items()})
+        tracking.metrics(metrics, trial["steps"] or 0)
+        tracking.summary(summary)
+        tracking.files(files)
+        tracking.close(finished=True)
+        ctx.store.put_bytes(tracking_key(trial["id"]), dumps({**tracking.ids, "reported": True}))

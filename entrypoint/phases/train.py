@@ -35,12 +35,15 @@ from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import commit_status_key, dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest, list_steps
+from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params
+from entrypoint.tracking.callback import TrackingCallback
 from entrypoint.training.device import resolve_precision
 from entrypoint.training.distributed import (
     deepspeed_config,
     is_worker,
     needs_launch,
     node_rank,
+    rank,
     run_torchrun,
     torchrun_command,
 )
@@ -377,11 +380,29 @@ def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Check
     return resume, change
 
 
+def _tracking(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | None) -> Tracking:
+    """The trial's runs in the spec's trackers, on global rank 0 (none elsewhere): continued when the trial
+    has them (its tracking.json, or the resumed checkpoint's manifest), else started and described. Their
+    ids go into every checkpoint manifest of this process."""
+    if rank() != 0 or not setup.spec.tracking.enabled:
+        return Tracking([], {}, ctx.log)
+    run = RunRef(ctx.spec.job.id, trial.id, ctx.store, ctx.workdir / "tracking", "train")
+    tracking = open_tracking(setup.spec.tracking, run, ctx.log, resume.manifest.get("tracking") if resume else None)
+    spec_file = run.scratch / trial.id / "spec.json"
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(setup.spec.model_dump_json(indent=2))
+    ids = {f"rentune.{k}": str(setup.meta[k]) for k in ("spec_sha256", "data_version", "base_model_sha256")}
+    tracking.describe_new_runs({**spec_params(setup.spec.model_dump(mode="json")), **ids}, [spec_file])
+    setup.meta["tracking"] = tracking.ids
+    return tracking
+
+
 def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | None, sigterm: graceful_sigterm):
     """Run the HF Trainer from `resume` to the planned end, the plan's deadline or SIGTERM (raised as
     Interrupted once the checkpoint committed). Returns the trainer and its callbacks."""
     spec = setup.spec
     deadline, _ = _deadline(ctx)
+    tracking = _tracking(ctx, trial, setup, resume)
     saver = StoreCheckpointCallback(
         ctx.store,
         checkpoint_prefix(trial.id),
@@ -401,6 +422,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
     flops, parts = flops_per_token(setup.model, context) if context else (None, {})
     meter = ThroughputMeter(counter, flops, parts, *peak_flops(ctx.device, precision))
     progress = ProgressCallback(ctx.log, spec.training.log_every_steps, meter=meter)
+    tracker = [TrackingCallback(tracking, meter, ctx.device)] if tracking else []
     trainer = build_trainer(
         setup.model,
         counter,
@@ -409,15 +431,18 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         output_dir=setup.out / "trainer",
         device=ctx.device,
         token_loss=ctx.kind.token_loss,
-        callbacks=[meter, progress, saver, first_steps, divergence],
+        callbacks=[meter, progress, saver, first_steps, divergence, *tracker],
         deepspeed=deepspeed_config(spec.distribution, precision) if spec.distribution.strategy == "deepspeed" else None,
         eval_features=setup.eval_features,
         precision=precision,
     )
+    ended = False
     try:
         trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+        ended = not sigterm.requested.is_set()
     finally:
         saver.finish()  # a commit in flight completes even when training fails: its checkpoint stands
+        tracking.close(finished=ended)  # the report phase adds the results
     divergence.raise_if_diverged()
     if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
         raise Interrupted(

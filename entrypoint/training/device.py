@@ -10,7 +10,7 @@ import importlib.util
 import torch
 
 from entrypoint.errors import InvalidInput
-from jobspec.schema import Model, Training
+from jobspec.schema import Model, Tracking, Training
 
 __all__ = ["Unsupported", "backend", "preflight", "resolve_device", "resolve_precision"]
 
@@ -42,14 +42,18 @@ def resolve_precision(training: Training, device: torch.device) -> str:
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
 
 
+# The module each tracker of the spec's `tracking:` imports.
+TRACKING_MODULES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+
+
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def preflight(training: Training, model: Model | None = None) -> torch.device:
+def preflight(training: Training, model: Model | None = None, tracking: Tracking | None = None) -> torch.device:
     """Refuse an image built for another stack, a device that is not there, a precision the device cannot
     train in, or an attention implementation or kernels the image lacks: said before any compute is spent,
-    never replaced by a slower fallback. Returns the device."""
+    never replaced by a slower fallback; a tracker the spec enables whose package is missing. Returns the device."""
     have = backend()
     if training.backend != "any" and training.backend != have:
         built = {"rocm": f"ROCm (HIP {torch.version.hip})", "cuda": f"CUDA {torch.version.cuda}", "cpu": "CPU only"}
@@ -66,6 +70,13 @@ def preflight(training: Training, model: Model | None = None) -> torch.device:
         raise Unsupported(
             "training.liger: the liger-kernel package is not installed in this image (it needs a GPU and Triton); "
             "set training.liger: false or use an image with `pip install liger-kernel`"
+        )
+    missing = [name for name in tracking.enabled if not _installed(TRACKING_MODULES[name])] if tracking else []
+    if missing:
+        raise Unsupported(
+            f"tracking: {', '.join(missing)} enabled but this image lacks "
+            f"{', '.join(TRACKING_MODULES[name] for name in missing)}; install rentune[tracking] (the images have it) "
+            "or remove the section"
         )
     if model is not None and model.attn_implementation == "flash_attention_2":
         if device.type != "cuda":

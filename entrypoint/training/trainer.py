@@ -400,11 +400,12 @@ def build_trainer(
     eval_features: Sequence[dict] | None = None,
     precision: str = "fp32",
 ) -> Trainer:
-    """A Trainer whose checkpoints go through StoreCheckpointCallback and which reports to nobody.
-        `token_loss`: the model's loss is normalised per token across the accumulated batch (causal LMs), so
-        the Trainer must not divide it again. `precision`: training.precision resolved for the device
-    (device.resolve_precision). With `eval_features`, the eval loss is measured about 4 times
-        during the run (for the loss curves)."""
+    """A Trainer whose checkpoints go through StoreCheckpointCallback. Its own tracker integrations stay off
+    (`report_to="none"`: they start a new W&B run per attempt); entrypoint/tracking continues one run instead.
+    `token_loss`: the model's loss is normalised per token across the accumulated batch (causal LMs), so the
+    Trainer must not divide it again. `precision`: training.precision resolved for the device
+    (device.resolve_precision). With `eval_features`, the eval loss is measured about 4 times during the
+    run (for the loss curves)."""
     # Under torchrun each optimizer step consumes world_size microbatches x grad_accum.
     steps = planned_steps(training, len(train_features), world_size=int(os.environ.get("WORLD_SIZE", "1")))
     every = training.checkpoint.every_steps
