@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,10 @@ from pathlib import Path
 import click
 
 from entrypoint.errors import EXIT_FAILED, EXIT_INVALID, InvalidInput, exit_code
-from entrypoint.job.state import PHASE_NAMES, job_store, read_json
+from entrypoint.job.state import PHASE_NAMES, job_store, read_json, stored_spec
 from entrypoint.report.markdown import summary_table
 from entrypoint.store import StoreError, open_store
+from jobspec.experiments import resolve_trials
 from jobspec.load import LoadedSpec, SpecError, load_spec
 from jobspec.schema import JobSpec
 
@@ -75,6 +77,9 @@ def _load_or_exit(spec: Path) -> LoadedSpec:
 @click.version_option(package_name="rentune")
 def main() -> None:
     """Fine-tune a model on a rented node: a job spec in, a verified adapter out."""
+    # tracking.mlflow: an unreachable server costs seconds, not MLflow's default of 7 retries with backoff.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
 @main.command()
@@ -201,14 +206,17 @@ def fetch(job_id: str, store_uri: str, endpoint_url: str | None, dest: Path | No
         store = job_store(open_store(store_uri, endpoint_url=endpoint_url), job_id)
         keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
         keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
-        events = [info.key for info in store.list("trials") if info.key.split("/")[2:3] == ["tensorboard"]]
+        trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head("spec.yaml") else []
+        events = [info.key for trial in trials for info in store.list(f"trials/{trial}/tensorboard")]
         if not keys and not events:
             raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
         targets = {key: dest / key for key in keys}
         targets.update({key: dest / "tensorboard" / key.split("/")[1] / key.split("/")[-1] for key in events})
         for key, target in targets.items():
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(store.get_bytes(key))
+            partial = target.with_name(target.name + ".partial")
+            partial.write_bytes(store.get_bytes(key))
+            os.replace(partial, target)  # a fetch again while the job trains replaces each file whole
     click.echo(f"fetched {len(targets)} files to {dest}/" + (f" (report: {dest / 'report/report.md'})" if keys else ""))
     if events:
         click.echo(f"tensorboard --logdir {dest / 'tensorboard'}")

@@ -525,7 +525,7 @@ class MlflowTracking(_TrackerSection):
     tracking_uri: str | None = Field(
         None,
         max_length=2000,
-        pattern=r"^(https?|file|sqlite|postgresql|mysql|databricks)[:+]\S*$",
+        pattern=r"^(databricks(-uc)?(://\S*)?|(https?|file|sqlite|postgresql|mysql|mssql)[:+]\S*)$",
         description="The MLflow tracking server (http(s)://, databricks, a database or file: URI); default: "
         "MLFLOW_TRACKING_URI from the environment.",
     )

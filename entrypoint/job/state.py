@@ -34,6 +34,7 @@ __all__ = [
     "read_result",
     "stored_spec",
     "to_jsonl",
+    "tracking_key",
     "trial_result_key",
     "worker_result_key",
 ]
@@ -57,6 +58,11 @@ def phase_result_key(phase: str) -> str:
 
 def trial_result_key(trial_id: str) -> str:
     return f"trials/{trial_id}/result.json"
+
+
+def tracking_key(trial_id: str) -> str:
+    """The trial's run ids in each tracker of the spec's `tracking:` (entrypoint/tracking)."""
+    return f"trials/{trial_id}/tracking.json"
 
 
 def commit_status_key(trial_id: str) -> str:

@@ -2,7 +2,7 @@
 
 job, lease (start, end, time left), the plan's problems
 phase table: committed or not, seconds taken vs the plan's budget and deadline
-trial table: status, steps (or the newest committed checkpoint while training), reason
+trial table: status, steps (or the newest committed checkpoint while training), reason, tracker runs
 attempts: how each process start ended (completed, interrupted, error, or killed: no end record)
 """
 
@@ -19,6 +19,7 @@ from entrypoint.job.state import (
     read_json,
     read_result,
     stored_spec,
+    tracking_key,
     trial_result_key,
 )
 from entrypoint.store import ObjectNotFound, Store
@@ -43,6 +44,19 @@ def _json(store: Store, key: str) -> dict | None:
         return read_json(store, key)
     except ObjectNotFound:
         return None
+
+
+def _runs(ids: dict) -> str:
+    """`mlflow run 3f2a... (experiment rentune/job), wandb run team/project/ab12..., tensorboard trials/main/...`"""
+    shown = []
+    if "mlflow" in ids:
+        shown.append(f"mlflow run {ids['mlflow'].get('run_id')} (experiment {ids['mlflow'].get('experiment')})")
+    if "wandb" in ids:
+        where = "/".join(str(ids["wandb"][k]) for k in ("entity", "project") if ids["wandb"].get(k))
+        shown.append(f"wandb run {where}/{ids['wandb'].get('id')}")
+    if "tensorboard" in ids:
+        shown.append(f"tensorboard {ids['tensorboard'].get('prefix')}/")
+    return ", ".join(shown)
 
 
 def render_status(root: Store, job_id: str, now: float | None = None) -> str:
@@ -92,6 +106,9 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         else:
             reason = (record.get("reason") or "")[:100]
             lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")
+        runs = _json(store, tracking_key(trial.id)) if spec.tracking.enabled else None
+        if runs:
+            lines.append(f"{'':<20} tracking: {_runs(runs)}")
     lines.append("(* = newest committed checkpoint)")
     lines += ["", "attempts:"]
     for n in attempt_numbers(store):

@@ -136,16 +136,19 @@ def _files(ctx: PhaseContext) -> list[str]:
 def _track(ctx: PhaseContext, results: dict, files: list) -> None:
     """Each trial's tracker runs get the results, once: the baseline's and the trial's eval metrics (at the
     trial's last step), the selected trial's test metrics, the verdict and status as run-level values, and
-    the report's files. A trial that never started has no run."""
+    the report's files. Only the runs training opened (a trial that never started has none), and each once:
+    `reported` in the trial's tracking.json lists the trackers done, so a rerun retries only the others."""
     if not ctx.spec.tracking.enabled:
         return
     selected, verdict = results["selected"]["trial_id"], results["verdict"]
     for trial in results["trials"]:
-        stored = stored_ids(ctx.store, trial["id"], ctx.log)
-        if not stored or stored.get("reported"):
+        stored = stored_ids(ctx.store, trial["id"], ctx.log) or {}
+        reported = set(stored.get("reported") or [])
+        pending = {name for name in ctx.spec.tracking.enabled if name in stored} - reported
+        if not pending:
             continue
         run = RunRef(ctx.spec.job.id, trial["id"], ctx.store, ctx.workdir / "tracking", "report")
-        tracking = open_tracking(ctx.spec.tracking, run, ctx.log)
+        tracking = open_tracking(ctx.spec.tracking, run, ctx.log, only=pending)
         metrics = {f"baseline/{k}": v for k, v in results["baseline"]["metrics"].items()}
         metrics.update({f"eval/{k}": v for k, v in (trial["metrics"] or {}).items()})
         summary = {"status": trial["status"], "reason": trial["reason"] or "", "selected": str(trial["id"] == selected)}
@@ -157,5 +160,5 @@ def _track(ctx: PhaseContext, results: dict, files: list) -> None:
         tracking.metrics(metrics, trial["steps"] or 0)
         tracking.summary(summary)
         tracking.files(files)
-        tracking.close(finished=True)
-        ctx.store.put_bytes(tracking_key(trial["id"]), dumps({**tracking.ids, "reported": True}))
+        reported.update(tracking.close(finished=True))
+        ctx.store.put_bytes(tracking_key(trial["id"]), dumps({**tracking.ids, "reported": sorted(reported)}))

@@ -391,8 +391,8 @@ def _tracking(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint
     spec_file = run.scratch / trial.id / "spec.json"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     spec_file.write_text(setup.spec.model_dump_json(indent=2))
-    ids = {f"rentune.{k}": str(setup.meta[k]) for k in ("spec_sha256", "data_version", "base_model_sha256")}
-    tracking.describe_new_runs({**spec_params(setup.spec.model_dump(mode="json")), **ids}, [spec_file])
+    provenance = {f"rentune.{k}": str(setup.meta[k]) for k in ("spec_sha256", "data_version", "base_model_sha256")}
+    tracking.describe_new_runs({**spec_params(setup.spec.model_dump(mode="json")), **provenance}, [spec_file])
     setup.meta["tracking"] = tracking.ids
     return tracking
 
@@ -402,46 +402,49 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
     Interrupted once the checkpoint committed). Returns the trainer and its callbacks."""
     spec = setup.spec
     deadline, _ = _deadline(ctx)
-    tracking = _tracking(ctx, trial, setup, resume)
-    saver = StoreCheckpointCallback(
-        ctx.store,
-        checkpoint_prefix(trial.id),
-        setup.meta,
-        spec.training.checkpoint,
-        sigterm,
-        ctx.log,
-        deadline=deadline,
-        clock=ctx.clock,
-        status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
-    )
-    first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
-    divergence = DivergenceCallback()
-    precision = resolve_precision(spec.training, ctx.device)
-    counter = CountingCollator(ctx.kind.collator(setup.processor))
-    context = setup.data["mean_tokens_per_example"]
-    flops, parts = flops_per_token(setup.model, context) if context else (None, {})
-    meter = ThroughputMeter(counter, flops, parts, *peak_flops(ctx.device, precision))
-    progress = ProgressCallback(ctx.log, spec.training.log_every_steps, meter=meter)
-    tracker = [TrackingCallback(tracking, meter, ctx.device)] if tracking else []
-    trainer = build_trainer(
-        setup.model,
-        counter,
-        setup.features,
-        spec.training,
-        output_dir=setup.out / "trainer",
-        device=ctx.device,
-        token_loss=ctx.kind.token_loss,
-        callbacks=[meter, progress, saver, first_steps, divergence, *tracker],
-        deepspeed=deepspeed_config(spec.distribution, precision) if spec.distribution.strategy == "deepspeed" else None,
-        eval_features=setup.eval_features,
-        precision=precision,
-    )
-    ended = False
+    tracking, saver, ended = Tracking([], {}, ctx.log), None, False
     try:
+        tracking = _tracking(ctx, trial, setup, resume)  # before the saver: its manifests carry the run ids
+        saver = StoreCheckpointCallback(
+            ctx.store,
+            checkpoint_prefix(trial.id),
+            setup.meta,
+            spec.training.checkpoint,
+            sigterm,
+            ctx.log,
+            deadline=deadline,
+            clock=ctx.clock,
+            status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
+        )
+        first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
+        divergence = DivergenceCallback()
+        precision = resolve_precision(spec.training, ctx.device)
+        counter = CountingCollator(ctx.kind.collator(setup.processor))
+        context = setup.data["mean_tokens_per_example"]
+        flops, parts = flops_per_token(setup.model, context) if context else (None, {})
+        meter = ThroughputMeter(counter, flops, parts, *peak_flops(ctx.device, precision))
+        progress = ProgressCallback(ctx.log, spec.training.log_every_steps, meter=meter)
+        tracking_callbacks = [TrackingCallback(tracking, meter, ctx.device)] if tracking else []
+        trainer = build_trainer(
+            setup.model,
+            counter,
+            setup.features,
+            spec.training,
+            output_dir=setup.out / "trainer",
+            device=ctx.device,
+            token_loss=ctx.kind.token_loss,
+            callbacks=[meter, progress, saver, first_steps, divergence, *tracking_callbacks],
+            deepspeed=deepspeed_config(spec.distribution, precision)
+            if spec.distribution.strategy == "deepspeed"
+            else None,
+            eval_features=setup.eval_features,
+            precision=precision,
+        )
         trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
         ended = not sigterm.requested.is_set()
     finally:
-        saver.finish()  # a commit in flight completes even when training fails: its checkpoint stands
+        if saver is not None:
+            saver.finish()  # a commit in flight completes even when training fails: its checkpoint stands
         tracking.close(finished=ended)  # the report phase adds the results
     divergence.raise_if_diverged()
     if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:

@@ -15,8 +15,9 @@ What a tracker already holds is its own business (`logged_steps`): MLflow and W&
 keeps a mark beside its files, TensorBoard purges every earlier step and takes the full replay. The steps
 come from the Trainer's log (carried in every checkpoint), so a replay logs what the killed attempt did.
 
-A tracker that fails (server unreachable, no API key, package missing) is a warning in the log and is off
-for the rest of the process: tracking never fails a job.
+A tracker that fails (server unreachable, no API key, an error while logging) is a warning in the log and
+is off for the rest of the process: tracking never fails a job. A tracker whose package the image lacks is
+refused before the first phase (training/device.py's preflight).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from entrypoint.job.state import dumps
+from entrypoint.job.state import dumps, tracking_key
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.store.objects import CorruptObject, read_json
 from jobspec.schema import Tracking as TrackingSpec
@@ -40,6 +41,7 @@ __all__ = [
     "open_tracking",
     "spec_params",
     "step_metrics",
+    "stored_ids",
     "tracking_key",
 ]
 
@@ -53,10 +55,6 @@ STEP_METRICS = {
     "epoch": "train/epoch",
     "eval_loss": "eval/loss",
 }
-
-
-def tracking_key(trial_id: str) -> str:
-    return f"trials/{trial_id}/tracking.json"
 
 
 def step_metrics(entry: dict) -> dict[str, float]:
@@ -148,8 +146,8 @@ class Tracking:
                 )
                 self.trackers.remove(tracker)
 
-    def resume(self, keys: list[str]) -> None:
-        """Ask each tracker which steps it already holds, so that none is logged twice."""
+    def read_held_steps(self, keys: list[str]) -> None:
+        """Ask each tracker which steps its run already holds (none for a new run), so none is logged twice."""
 
         def ask(tracker: Tracker) -> None:
             self.logged[tracker.name] = dict(tracker.logged_steps(keys))
@@ -187,9 +185,11 @@ class Tracking:
     def sync(self) -> None:
         self._each("syncing", lambda t: t.sync())
 
-    def close(self, finished: bool) -> None:
+    def close(self, finished: bool) -> list[str]:
+        """End each run; returns the trackers that closed theirs without an error."""
         self._each("closing the run", lambda t: t.close(finished))
-        self.trackers = []
+        closed, self.trackers = [t.name for t in self.trackers], []
+        return closed
 
 
 def stored_ids(store: Store, trial_id: str, log: Callable[[str], None]) -> dict | None:
@@ -205,17 +205,23 @@ def stored_ids(store: Store, trial_id: str, log: Callable[[str], None]) -> dict 
 
 
 def open_tracking(
-    spec: TrackingSpec, run: RunRef, log: Callable[[str], None], fallback_ids: dict | None = None
+    spec: TrackingSpec,
+    run: RunRef,
+    log: Callable[[str], None],
+    fallback_ids: dict | None = None,
+    only: set[str] | None = None,
 ) -> Tracking:
-    """Open (or continue) the trial's run in each tracker the spec enables and store their ids in
-    trials/<id>/tracking.json. `fallback_ids`: the ids a resumed checkpoint's manifest carries, used when the
-    trial's tracking.json is missing."""
+    """Open (or continue) the trial's run in each tracker the spec enables (of them, those in `only`) and
+    store their ids in trials/<id>/tracking.json. `fallback_ids`: the ids a resumed checkpoint's manifest
+    carries, used when the trial's tracking.json is missing."""
     key = tracking_key(run.trial_id)
     stored = stored_ids(run.store, run.trial_id, log) or dict(fallback_ids or {})
     ids = dict(stored)
     trackers: list[Tracker] = []
     new = set()
     for name in spec.enabled:
+        if only is not None and name not in only:
+            continue
         try:
             tracker = _make(name, spec)
             ids[name] = tracker.open(run, stored.get(name))

@@ -39,7 +39,7 @@ class TrackingCallback(TrainerCallback):
         self.synced = time.monotonic()
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.tracking.resume(sorted(set(STEP_METRICS.values())))
+        self.tracking.read_held_steps(sorted(set(STEP_METRICS.values())))
         for entry in state.log_history:  # empty on a fresh start
             self.tracking.metrics(step_metrics(entry), entry["step"])
 

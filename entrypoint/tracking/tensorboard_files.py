@@ -5,7 +5,7 @@ Each process writes its own event file. A training process starts its file with 
 hides every step the earlier files of the trial hold, and replays the whole Trainer log before logging on:
 whatever a killed attempt wrote (and however much of it reached the store), the run reads as one, each
 step once. Copies to the store run in a background thread, at most one at a time, so training never waits
-for them; `close` waits for the last.
+for them; a failed copy is retried by the next; `close` makes the last.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from pathlib import Path
 
 from entrypoint.tracking import RunRef
 
-__all__ = ["TensorBoardFiles"]
+__all__ = ["CLOSE_WAIT_S", "FAILED_COPIES", "TensorBoardFiles"]
+
+FAILED_COPIES = 3  # copies to the store failing in a row before TensorBoard is dropped with a warning
+CLOSE_WAIT_S = 60.0  # for a copy still running at the end
 
 
 class TensorBoardFiles:
@@ -28,7 +31,8 @@ class TensorBoardFiles:
         self.store = None
         self.prefix = ""
         self._upload: threading.Thread | None = None
-        self.error: BaseException | None = None  # the last background upload's, raised by the next sync
+        self.error: BaseException | None = None  # the last copy's, if it failed
+        self.failures = 0  # copies failed in a row
 
     def open(self, run: RunRef, ids: dict | None) -> dict:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -60,10 +64,10 @@ class TensorBoardFiles:
 
     def sync(self) -> None:
         """Flush and copy this process's event files to the store in the background (skipped while the
-        previous copy still runs)."""
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+        previous copy still runs). A failed copy is retried by the next sync; raises after
+        FAILED_COPIES in a row."""
+        if self.failures >= FAILED_COPIES:
+            raise RuntimeError(f"{FAILED_COPIES} copies of the event files to the store failed: {self.error}")
         if self._upload is not None and self._upload.is_alive():
             return
         self.writer.flush()
@@ -74,13 +78,17 @@ class TensorBoardFiles:
         try:
             for path in sorted(self.folder.iterdir()):
                 self.store.put_file(f"{self.prefix}/{path.name}", path)
-        except Exception as exc:  # raised in the main thread by the next sync, as a warning
-            self.error = exc
+        except Exception as exc:  # retried by the next sync
+            self.error, self.failures = exc, self.failures + 1
+        else:
+            self.error, self.failures = None, 0
 
     def close(self, finished: bool) -> None:
         if self._upload is not None:
-            self._upload.join()
+            self._upload.join(timeout=CLOSE_WAIT_S)
         self.writer.close()
-        self._copy()
+        if self._upload is not None and self._upload.is_alive():
+            raise TimeoutError(f"a copy of the event files to the store still runs after {CLOSE_WAIT_S:.0f} s")
+        self._copy()  # the final copy, whatever the earlier ones did
         if self.error is not None:
             raise self.error

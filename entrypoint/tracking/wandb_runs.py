@@ -36,6 +36,7 @@ class WandbRuns:
         import wandb
 
         run_id = (ids or {}).get("id") or uuid.uuid4().hex[:12]
+        # WANDB_DIR is W&B's own setting (read here because an explicit `dir` would override it).
         folder = self.folder = Path(os.environ.get("WANDB_DIR") or run.scratch)
         folder.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
@@ -63,6 +64,11 @@ class WandbRuns:
         self.run.config.update(params, allow_val_change=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if step < self.run.step:
+            # A continued online run stands at the server's last step + 1, and W&B drops a step below it:
+            # results logged at a trial's last step (the report phase) go to the run's summary instead.
+            self.run.summary.update(metrics)
+            return
         self.run.log(metrics, step=step)
 
     def log_summary(self, values: dict[str, str]) -> None:

@@ -81,21 +81,31 @@ def _wandb_steps(volume: Path, run_id: str) -> list[int]:
     ]
 
 
+def _held(job, tmp: Path) -> dict:
+    """The newest committed checkpoint (a manifest, not just files) and the last step each tracker holds."""
+    steps = list_steps(job, checkpoint_prefix("main"))
+    ids = json.loads(job.get_bytes("trials/main/tracking.json")) if job.head("trials/main/tracking.json") else None
+    return {
+        "committed": max((step for step, names in steps.items() if MANIFEST in names), default=0),
+        "mlflow": max(_mlflow_steps(tmp / "mlruns", "train/loss"), default=0),
+        "wandb": max(_wandb_steps(tmp / "wandb-volume", ids["wandb"]["id"]), default=0) if ids else 0,
+    }
+
+
 def _kill_after_checkpoint_and_more_steps(job, proc: subprocess.Popen, tmp: Path, timeout: float = 300) -> dict:
     """SIGKILL once a checkpoint past step 2*EVERY is committed and the trackers hold steps after it (W&B's
     service writes its offline file in 32 KiB blocks, about 50 steps: wait for one block past the checkpoint
-    while steps remain), so the resumed process replays steps some trackers already hold. Returns the
-    steps committed and held at the kill."""
+    while steps remain), so the resumed process replays steps some trackers already hold. Returns what was
+    committed and held once the process was dead, and whether W&B was waited for."""
     deadline = time.monotonic() + timeout
     while True:
-        committed = max(list_steps(job, checkpoint_prefix("main")), default=0)
-        mlflow = max(_mlflow_steps(tmp / "mlruns", "train/loss"), default=0)
-        ids = job.get_bytes("trials/main/tracking.json") if job.head("trials/main/tracking.json") else None
-        wandb = max(_wandb_steps(tmp / "wandb-volume", json.loads(ids)["wandb"]["id"]), default=0) if ids else 0
-        if committed >= 2 * EVERY and mlflow > committed and (wandb > committed or mlflow >= MAX_STEPS - 10):
+        held = _held(job, tmp)
+        committed = held["committed"]
+        wandb_past = held["wandb"] > committed
+        if committed >= 2 * EVERY and held["mlflow"] > committed and (wandb_past or held["mlflow"] >= MAX_STEPS - 10):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            return {"committed": committed, "mlflow": mlflow, "wandb": wandb}
+            return {**_held(job, tmp), "waited_for_wandb": wandb_past}
         if proc.poll() is not None:
             raise AssertionError(f"rentune exited ({proc.returncode}) before the kill:\n{proc.stdout.read()}")
         if time.monotonic() > deadline:
@@ -155,7 +165,23 @@ def tracked_job(tmp_path_factory, tiny_model, s3_server):
         timeout=120,
     )
     assert fetch.returncode == 0, fetch.stderr
-    return {"job": job, "out": out, "mlruns": mlruns, "tmp": tmp, "killed": killed, "fetched": fetched}
+    status = subprocess.run(
+        [RENTUNE, "status", JOB, "--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr
+    return {
+        "status": status.stdout,
+        "job": job,
+        "out": out,
+        "mlruns": mlruns,
+        "tmp": tmp,
+        "killed": killed,
+        "fetched": fetched,
+    }
 
 
 def _result(job, trial: str) -> dict:
@@ -168,14 +194,23 @@ def _ids(job, trial: str) -> dict:
 
 def test_the_resume_happened_after_the_trackers_had_logged_past_the_checkpoint(tracked_job):
     result, killed = _result(tracked_job["job"], "main"), tracked_job["killed"]
-    assert result["resumed_from_step"] >= killed["committed"]
+    assert result["resumed_from_step"] == killed["committed"]  # measured once the process was dead
     # The steps after it were logged by the killed attempt and trained again by the resumed one.
     assert killed["mlflow"] > result["resumed_from_step"]
-    assert killed["wandb"] > result["resumed_from_step"]  # on disk in W&B's offline file
+    if killed["waited_for_wandb"]:  # else the kill came late in the run, before W&B wrote a block past it
+        assert killed["wandb"] > result["resumed_from_step"]  # on disk in W&B's offline file
     assert "tracking: mlflow: continuing run" in tracked_job["out"]
     assert "tracking: wandb: started run" in tracked_job["killed"]["out"]
     for out in (tracked_job["killed"]["out"], tracked_job["out"]):
         assert "tracking: warning" not in out
+
+
+def test_status_shows_each_trials_runs(tracked_job):
+    for trial in ("main", "lower-lr"):
+        ids = _ids(tracked_job["job"], trial)
+        assert f"mlflow run {ids['mlflow']['run_id']} (experiment rentune/{JOB})" in tracked_job["status"]
+        assert f"wandb run rentune-tests/{ids['wandb']['id']}" in tracked_job["status"]
+        assert f"tensorboard trials/{trial}/tensorboard/" in tracked_job["status"]
 
 
 def test_every_checkpoint_manifest_carries_the_run_ids(tracked_job):

@@ -37,7 +37,7 @@ def test_credentials_in_the_spec_are_refused_with_where_they_belong(section, fie
     with pytest.raises(ValidationError) as error:
         TrackingSpec(**section)
     message = str(error.value)
-    assert field in message and where in message and "credentials" in message or "user:password" in message
+    assert field in message and where in message and ("credentials" in message or "user:password" in message)
 
 
 def test_a_tracking_section_without_credentials_validates():
@@ -74,7 +74,7 @@ def test_no_tracker_gets_a_step_it_already_holds_and_each_metric_counts_on_its_o
     ahead, behind = _Fake("ahead", held={"train/loss": 5, "eval/loss": 4}), _Fake("behind")
     lines = []
     tracking = Tracking([ahead, behind], {}, lines.append)
-    tracking.resume(["train/loss", "eval/loss"])
+    tracking.read_held_steps(["train/loss", "eval/loss"])
     for step in range(1, 7):
         tracking.metrics({"train/loss": 1.0 / step}, step)
         if step % 2 == 0:
@@ -183,3 +183,83 @@ def test_an_unreadable_tracking_record_is_a_warning_and_new_runs_start(tmp_path)
     assert any(line.startswith("tracking: warning:") and "tracking.json" in line for line in lines)
     tracking.close(finished=True)
     assert b'"prefix": "trials/main/tensorboard"' in run.store.get_bytes(tracking_key("main"))  # rewritten whole
+
+
+def test_mlflow_takes_names_it_would_refuse_and_a_failed_send_surfaces_at_the_next_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    lines = []
+    tracking = open_tracking(TrackingSpec(mlflow={"tracking_uri": uri}), _run(tmp_path), lines.append)
+    [mlflow] = tracking.trackers
+    tracking.describe_new_runs({"hypothesis.fields.R&D (eu)": "x"}, [])
+    tracking.metrics({"eval/required_present_rate@billing": 0.5, "eval/f1/R&D (eu)": 0.25}, 3)
+    tracking.close(finished=True)
+    run = MlflowClient(uri).get_run(tracking.ids["mlflow"]["run_id"])
+    assert run.data.metrics == {"eval/required_present_rate_billing": 0.5, "eval/f1/R_D _eu_": 0.25}
+    assert run.data.params == {"hypothesis.fields.R_D _eu_": "x"} and run.info.status == "FINISHED"
+    assert not [line for line in lines if "warning" in line]
+
+    # A send that fails (the run is gone from the server) stops the sender; the next step raises it.
+    tracking = open_tracking(TrackingSpec(mlflow={"tracking_uri": uri}), _run(tmp_path, "other"), lines.append)
+    [mlflow] = tracking.trackers
+    mlflow.run_id = "0" * 32
+    mlflow.log_metrics({"train/loss": 1.0}, 1)
+    mlflow.queue.put(None)  # the sender stops once it has tried
+    mlflow.sender.join(timeout=60)
+    with pytest.raises(Exception, match="0" * 32):
+        mlflow.log_metrics({"train/loss": 0.5}, 2)
+
+
+class _FakeRun:
+    def __init__(self, step: int):
+        self.step, self.logged, self.summary = step, [], {}
+
+    def log(self, metrics, step):
+        self.logged.append((step, metrics))
+
+
+def test_wandb_results_below_a_continued_online_runs_step_go_to_its_summary():
+    from entrypoint.tracking.wandb_runs import WandbRuns
+
+    runs = WandbRuns(TrackingSpec(wandb={"project": "p"}).wandb)
+    runs.run = _FakeRun(step=121)  # the server's last step + 1
+    runs.log_metrics({"eval/accuracy": 0.9}, 120)
+    runs.log_metrics({"train/loss": 0.1}, 121)
+    assert runs.run.summary == {"eval/accuracy": 0.9} and runs.run.logged == [(121, {"train/loss": 0.1})]
+
+
+class _FlakyStore(FileStore):
+    def __init__(self, root: Path, failures: int):
+        super().__init__(root)
+        self.failures = failures
+
+    def put_file(self, key, path):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("503 Slow Down")
+        return super().put_file(key, path)
+
+
+def test_a_failed_copy_of_tensorboard_files_is_retried_and_too_many_in_a_row_drop_it(tmp_path):
+    from entrypoint.tracking.tensorboard_files import FAILED_COPIES
+
+    store = _FlakyStore(tmp_path / "store", failures=1)
+    run = RunRef("job", "main", store, tmp_path / "scratch", "train")
+    lines = []
+    tracking = open_tracking(TrackingSpec(tensorboard=True), run, lines.append)
+    [board] = tracking.trackers
+    tracking.metrics({"train/loss": 1.0}, 1)
+    tracking.sync()
+    board._upload.join()
+    assert board.failures == 1 and not list(store.list("trials/main/tensorboard"))
+    tracking.sync()  # the retry
+    board._upload.join()
+    assert board.failures == 0 and list(store.list("trials/main/tensorboard"))
+    store.failures = FAILED_COPIES
+    for _ in range(FAILED_COPIES + 1):
+        tracking.sync()
+        if board._upload is not None:
+            board._upload.join()
+    assert not tracking.trackers and any("copies of the event files" in line for line in lines)
