@@ -11,8 +11,9 @@ resume on any node, never a repeated step.
     report phase, per trial: the baseline's and the trial's eval metrics, the test for the selected trial,
         the verdict, and (MLflow, W&B) the report and plots as files; the runs are closed finished.
 
-What a tracker already holds is its own business (`logged_steps`): MLflow and W&B online say it, W&B offline
-keeps a mark beside its files, TensorBoard purges every earlier step and takes the full replay. The steps
+What a tracker already holds is its own business (`logged_steps`): MLflow and W&B online ask their server,
+W&B offline reads the earlier attempts' files under WANDB_DIR, TensorBoard purges every earlier step and
+takes the full replay. The steps
 come from the Trainer's log (carried in every checkpoint), so a replay logs what the killed attempt did.
 
 A tracker that fails (server unreachable, no API key, an error while logging) is a warning in the log and

@@ -52,8 +52,8 @@ def _installed(module: str) -> bool:
 
 def preflight(training: Training, model: Model | None = None, tracking: Tracking | None = None) -> torch.device:
     """Refuse an image built for another stack, a device that is not there, a precision the device cannot
-    train in, or an attention implementation or kernels the image lacks: said before any compute is spent,
-    never replaced by a slower fallback; a tracker the spec enables whose package is missing. Returns the device."""
+    train in, an attention implementation or kernels the image lacks, or a tracker whose package it lacks:
+    said before any compute is spent, never replaced by a slower fallback. Returns the device."""
     have = backend()
     if training.backend != "any" and training.backend != have:
         built = {"rocm": f"ROCm (HIP {torch.version.hip})", "cuda": f"CUDA {torch.version.cuda}", "cpu": "CPU only"}
