@@ -78,6 +78,13 @@ class MotoServer:
             raise RuntimeError("moto server not started")
         return f"http://{HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (what a benchmark reads the server's CPU time from)."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        return self._proc.pid
+
     def start(self, attempts: int = 3) -> str:
         """Start on a free port (retrying with another port if the first is taken meanwhile)."""
         last_error = ""
@@ -197,6 +204,13 @@ class SeaweedServer:
         if self.port is None:
             raise RuntimeError("SeaweedFS server not started")
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The server process's id (what a benchmark reads the server's CPU time from)."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        return self._proc.pid
 
     @property
     def _log(self) -> Path | None:
@@ -371,12 +385,19 @@ class _Body:
 
 class Faults:
     """A botocore 'before-send' hook answering a seeded-random share of requests itself with an S3 error,
-    as a throttling or failing server would; the rest go to the real server."""
+    as a throttling or failing server would; the rest go to the real server. With `only`, just the requests
+    it returns True for may fail (e.g. one part number of a multipart upload)."""
 
     def __init__(
-        self, rate: float, status: int = 503, code: str = "SlowDown", seed: int = 1234, limit: int | None = None
+        self,
+        rate: float,
+        status: int = 503,
+        code: str = "SlowDown",
+        seed: int = 1234,
+        limit: int | None = None,
+        only=None,
     ):
-        self.rate, self.status, self.code, self.limit = rate, status, code, limit
+        self.rate, self.status, self.code, self.limit, self.only = rate, status, code, limit, only
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.sent = 0
@@ -387,6 +408,8 @@ class Faults:
         with self._lock:
             self.sent += 1
             self.requests.append((request.method, dict(request.headers)))
+            if self.only is not None and not self.only(request):
+                return None
             if self._rng.random() >= self.rate or self.injected == self.limit:
                 return None
             self.injected += 1

@@ -135,7 +135,8 @@ def commit_checkpoint(
 
 
 def upload_files(store: Store, key: str, paths: dict[str, Path], threads: int) -> dict:
-    """Upload `paths` (name -> local file) under `key`, largest first, and confirm each; name -> size, sha256."""
+    """Upload `paths` (name -> local file) under `key`, largest first, and confirm each (a HEAD right after
+    its upload, while the others still go up); name -> size, sha256."""
     sizes = {name: p.stat().st_size for name, p in paths.items()}  # the Trainer is done writing: final
 
     def where(name: str) -> str:
@@ -145,18 +146,16 @@ def upload_files(store: Store, key: str, paths: dict[str, Path], threads: int) -
         sha256 = store.put_file(where(name), paths[name])
         if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol
             raise CheckpointError(f"{store.uri}/{where(name)}: the store's put_file returned {sha256!r}, not a sha256")
+        seen = store.head(where(name))
+        if seen is None or seen.size != sizes[name]:
+            raise CheckpointError(
+                f"{store.uri}/{where(name)}: upload not confirmed (expected {sizes[name]} bytes, saw {seen})"
+            )
         return name, {"size": sizes[name], "sha256": sha256}
 
     largest_first = sorted(paths, key=lambda name: (-sizes[name], name))
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths))), thread_name_prefix="upload") as pool:
-        files = dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
-    for name, info in files.items():
-        seen = store.head(where(name))
-        if seen is None or seen.size != info["size"]:
-            raise CheckpointError(
-                f"{store.uri}/{where(name)}: upload not confirmed (expected {info['size']} bytes, saw {seen})"
-            )
-    return files
+        return dict(sorted(pool.map(upload, largest_first)))  # the first failure is raised here
 
 
 def _commit_node_files(

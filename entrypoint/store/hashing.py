@@ -1,7 +1,8 @@
 """sha256 of files, streamed: the one definition behind base-model hashes and checkpoint manifests.
 
-`HashingReader` hashes a file while something else reads it (an upload), so a checkpoint's bytes are read
-from disk once: for the store and for its manifest's sha256 together.
+`HashingReader` hashes a file while something else reads it (the file store's copy), so a checkpoint's
+bytes are read from disk once: for the store and for its manifest's sha256 together. S3 uploads do the
+same with their part buffers (s3_upload.py).
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ def weights_sha256(file_hashes: dict[str, str]) -> str:
 class HashingReader:
     """A read-only, forward-only view of an open binary file that hashes every byte read through it.
 
-    It offers `read` and nothing else on purpose: boto3 then streams it part by part, in order, instead of
-    re-opening the file and reading parts concurrently (which would need a second read for the hash).
+    It offers `read` and nothing else on purpose: whoever reads it reads forward, once, in order.
     `sha256()` is complete once `read` has returned b"".
     """
 

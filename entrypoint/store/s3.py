@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
-from boto3.exceptions import Boto3Error, S3UploadFailedError
+from boto3.exceptions import Boto3Error
 from boto3.exceptions import RetriesExceededError as Boto3RetriesExceededError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
@@ -47,13 +47,14 @@ from entrypoint.store.base import (
     check_key,
     join_key,
 )
-from entrypoint.store.hashing import HashingReader
+from entrypoint.store.s3_upload import PartBuffers, expect_continue, upload_hashed
 
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
 
 MiB = 1 << 20
 DEFAULT_PART_SIZE = 16 * MiB  # S3 allows 10,000 parts: objects up to 156 GiB, 64 requests per GiB
 DEFAULT_MAX_CONCURRENCY = 8  # parallel part transfers per file (boto3's own default is 10)
+UPLOAD_BUFFERS_PER_WORKER = 2  # part buffers per part worker; kept once made (16 x 16 MiB by default)
 DEFAULT_MAX_ATTEMPTS = 8  # requests in all, the first included; "standard" mode waits rand*2^n s, <= 20 s
 CONFLICT_RETRIES = 3  # a 409 on a conditional write means a concurrent write was in flight: ask again
 ADDRESSING_STYLES = ("auto", "virtual", "path")
@@ -98,8 +99,6 @@ def _error_code(err: ClientError) -> tuple[str, int]:
 
 def _translate(err: Exception, op: str, where: str) -> StoreError:
     """The store's own error for a boto3/botocore/s3transfer failure of `op` on `where` (s3://bucket/key)."""
-    if isinstance(err, S3UploadFailedError) and isinstance(err.__context__, ClientError):
-        err = err.__context__  # boto3's upload_file re-raises a ClientError as text only
     if isinstance(err, ClientError):
         code, status = _error_code(err)
         message = f"{where}: {op} failed: {code or status} {err}"
@@ -154,7 +153,9 @@ class S3Store:
     """Objects under `s3://bucket/prefix`; every key is checked and confined under the prefix.
 
     `client` is the boto3 client (thread-safe; one per store). Transfers of files above
-    `multipart_threshold` go in `multipart_chunksize` parts, `max_concurrency` at a time. Each request is
+    `multipart_threshold` go in `multipart_chunksize` parts, `max_concurrency` at a time; uploads read
+    their parts into `part_buffers`, at most 2 x `max_concurrency` of them, kept once made (256 MiB with the
+    defaults, only after a large upload needed them all). Each request is
     sent at most `max_attempts` times (the first included; default $AWS_MAX_ATTEMPTS, else 8) before its
     error is translated.
     """
@@ -191,6 +192,10 @@ class S3Store:
             max_pool_connections=UPLOAD_FILES_AT_ONCE * max_concurrency + 2,
         )
         self.endpoint = f"{self.client.meta.endpoint_url} (bucket {bucket})"
+        self.multipart_threshold, self.max_concurrency = multipart_threshold, max_concurrency
+        # every upload of this store reads its parts into these: at most this many parts in flight in all
+        self.part_buffers = PartBuffers(multipart_chunksize, UPLOAD_BUFFERS_PER_WORKER * max_concurrency)
+        self.client.meta.events.register("before-call.s3.UploadPart", expect_continue)
         self.transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
@@ -293,17 +298,22 @@ class S3Store:
             raise _translate(err, "get", self._where(full)) from err
 
     def put_file(self, key: str, path: Path) -> str:
-        """Upload `path` (multipart above the threshold) and return its sha256, hashed as it is read for
-        the upload: boto3 reads a HashingReader part by part, in order, and sends the parts
-        `max_concurrency` at a time. A missing local file raises FileNotFoundError."""
+        """Upload `path` (in parts from `multipart_threshold` bytes on) and return its sha256, computed from
+        the same read that fills each part's buffer (s3_upload.upload_hashed). A missing local file raises
+        FileNotFoundError."""
         full = self._full(key)
-        with open(path, "rb") as handle:
-            reader = HashingReader(handle)
-            try:
-                self.client.upload_fileobj(reader, self.bucket, full, Config=self.transfer_config)
-            except _VENDOR_ERRORS as err:
-                raise _translate(err, "upload", self._where(full)) from err
-        return reader.sha256()
+        try:
+            return upload_hashed(
+                self.client,
+                self.bucket,
+                full,
+                path,
+                threshold=self.multipart_threshold,
+                buffers=self.part_buffers,
+                concurrency=self.max_concurrency,
+            )
+        except _VENDOR_ERRORS as err:
+            raise _translate(err, "upload", self._where(full)) from err
 
     def get_file(self, key: str, path: Path) -> None:
         full = self._full(key)

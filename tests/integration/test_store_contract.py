@@ -104,12 +104,17 @@ def test_bytes_round_trip_and_overwrite(store):
     assert store.head("empty") == ObjectInfo(key="empty", size=0)
 
 
-@pytest.mark.parametrize("size", [0, 1000, BIG_SIZE], ids=["empty", "small", "multipart"])
+@pytest.mark.parametrize(
+    "size",
+    [0, 1000, TEST_PART_SIZE - 1, TEST_PART_SIZE, 2 * TEST_PART_SIZE, BIG_SIZE],
+    ids=["empty", "small", "below-part", "one-part", "two-parts-exactly", "multipart"],
+)
 def test_file_round_trip(store, local, size):
     data = _random_bytes(size, seed=size)
     src = local / "src.bin"
     src.write_bytes(data)
-    store.put_file("trials/t1/checkpoints/step-00000010/model.safetensors", src)
+    sent = store.put_file("trials/t1/checkpoints/step-00000010/model.safetensors", src)
+    assert sent == hashlib.sha256(data).hexdigest()  # the hash of what was read for the upload
     assert store.head("trials/t1/checkpoints/step-00000010/model.safetensors").size == size
 
     dest = local / "nested" / "dir" / "model.safetensors"
@@ -312,12 +317,67 @@ def test_large_file_really_goes_in_parts(s3_store, s3_server, local):
     s3_store.put_file("big.bin", local / "big.bin")
     etag = raw_client(s3_server).head_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/big.bin")["ETag"]
     assert etag.strip('"').endswith("-3")  # a multipart ETag: md5-of-md5s plus the part count
+    parts = [h for method, h in recorder.requests if method == "PUT"]
+    assert len(parts) == 3 and all(h.get("Expect") == b"100-continue" for h in parts)  # go-ahead first
 
     recorder.requests.clear()
     s3_store.get_file("big.bin", local / "copy.bin")
     ranged = [h for method, h in recorder.requests if method == "GET" and "Range" in h]
     assert len(ranged) == 3
     assert (local / "copy.bin").read_bytes() == data
+
+
+def test_upload_parts_reuse_the_stores_buffers(s3_store, s3_server, local):
+    data = _random_bytes(BIG_SIZE, seed=5)
+    (local / "big.bin").write_bytes(data)
+    buffers = s3_store.part_buffers
+    s3_store.put_file("first.bin", local / "big.bin")
+    made = buffers.made
+    assert 1 <= made <= buffers.limit
+    for name in ("second.bin", "third.bin"):
+        assert s3_store.put_file(name, local / "big.bin") == hashlib.sha256(data).hexdigest()
+    assert buffers.made == made and buffers.in_use == 0  # no new part buffer: no fresh memory per part
+    raw = raw_client(s3_server)
+    assert raw.get_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/third.bin")["Body"].read() == data
+
+
+@pytest.mark.parametrize(
+    "status, code, error", [(403, "AccessDenied", StoreError), (503, "SlowDown", TransientStoreError)]
+)
+def test_a_failed_part_aborts_the_upload(s3_store, s3_server, local, status, code, error):
+    (local / "big.bin").write_bytes(_random_bytes(BIG_SIZE, seed=9))
+    store = _sibling(s3_store, s3_server, max_attempts=2)
+    faults = Faults(rate=1.0, status=status, code=code, only=lambda request: "partNumber=2&" in request.url + "&")
+    store.client.meta.events.register("before-send.s3", faults)
+    with pytest.raises(error, match=f"s3://{store.bucket}/{store.prefix}/big.bin: upload failed: {code}"):
+        store.put_file("big.bin", local / "big.bin")
+    assert faults.injected >= 1
+    raw = raw_client(s3_server)
+    assert raw.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []  # aborted, not left billed
+    assert store.head("big.bin") is None
+    assert store.part_buffers.in_use == 0  # every buffer back, for the next commit
+
+
+def test_part_checksums_when_the_client_sends_checksums(s3_store, s3_server, local, monkeypatch):
+    """With botocore's `when_supported` (a user's AWS_REQUEST_CHECKSUM_CALCULATION), the upload is created
+    with CRC32 and its completion lists every part's CRC32, as S3 requires of such an upload."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported")
+    store = _sibling(s3_store, s3_server)
+    seen: list[tuple[str, str, dict, bytes]] = []
+    store.client.meta.events.register(
+        "before-send.s3", lambda request, **_: seen.append((request.method, request.url, request.headers, request.body))
+    )
+    data = _random_bytes(BIG_SIZE, seed=13)
+    (local / "big.bin").write_bytes(data)
+    assert store.put_file("big.bin", local / "big.bin") == hashlib.sha256(data).hexdigest()
+    create = [h for method, url, h, _ in seen if method == "POST" and url.endswith("?uploads")]
+    assert [h.get("x-amz-checksum-algorithm") for h in create] == [b"CRC32"]
+    parts = [h for method, url, h, _ in seen if method == "PUT" and "partNumber=" in url]
+    assert len(parts) == 3 and all("x-amz-checksum-crc32" in h for h in parts)
+    (complete,) = [body for method, url, _, body in seen if method == "POST" and "uploadId=" in url]
+    assert complete.count(b"<ChecksumCRC32>") == 3
+    stored = raw_client(s3_server).get_object(Bucket=store.bucket, Key=f"{store.prefix}/big.bin")["Body"].read()
+    assert stored == data
 
 
 def test_transfers_survive_throttling(s3_store, s3_server, local):

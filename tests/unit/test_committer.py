@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.store import FileStore, TransientStoreError
-from entrypoint.store.checkpoint import MANIFEST, CheckpointError, find_latest
+from entrypoint.store.checkpoint import MANIFEST, CheckpointError, commit_checkpoint, find_latest
 from entrypoint.store.committer import MAX_FAILED_COMMITS, Committer
 from entrypoint.store.hashing import file_sha256
 
@@ -143,3 +143,17 @@ def test_a_streak_left_by_an_earlier_process_is_cleared_by_the_first_commit(stor
     committer.commit(40, _folder(tmp_path, 40), background=True)
     committer.wait()
     assert json.loads(store.get_bytes(STATUS))["failures_in_a_row"] == 0
+
+
+def test_a_file_the_store_does_not_hold_as_sent_gets_no_manifest(tmp_path):
+    """Each upload is confirmed by its size in the store before the manifest may be written."""
+
+    class ShortStore(FileStore):
+        def head(self, key):
+            info = super().head(key)
+            return info if info is None or not key.endswith("optimizer.pt") else type(info)(key, info.size - 1)
+
+    store = ShortStore(tmp_path / "store")
+    with pytest.raises(CheckpointError, match=r"optimizer.pt: upload not confirmed \(expected 1000 bytes"):
+        commit_checkpoint(store, PREFIX, 10, _folder(tmp_path, 10), {"trial_id": "main"})
+    assert not [info.key for info in store.list(PREFIX) if info.key.endswith(MANIFEST)]
