@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,11 +24,11 @@ from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, find_latest
 from entrypoint.store.committer import MAX_FAILED_COMMITS, Committer
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
+from tests.processes import rentune, start_run
 from tests.proxy import S3Proxy
 from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 
-RENTUNE = Path(sys.executable).parent / "rentune"
 EVERY = 10
 
 
@@ -56,18 +55,6 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, max_steps: in
     return write_spec(tmp_path / "spec.yaml", job)
 
 
-def _start(spec: Path, workdir: Path, **env: str) -> subprocess.Popen:
-    workdir.mkdir()
-    return subprocess.Popen(
-        [RENTUNE, "run", str(spec), "--workdir", str(workdir)],
-        cwd=workdir.parent,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def _read_until(proc: subprocess.Popen, prefix: str) -> list[str]:
     lines = []
     for line in proc.stdout:
@@ -90,7 +77,7 @@ def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint
     bucket = create_bucket(s3_server)
     with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 3600)) as proxy:
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=60)
-        first = _start(spec, tmp_path / "node-a")
+        first = start_run(spec, tmp_path / "node-a")
         # training went on past step 20 while step 20's upload hangs
         _read_until(first, "train: step 25/")
         first.send_signal(signal.SIGKILL)
@@ -99,7 +86,7 @@ def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint
         assert _committed(job) == [EVERY]  # step 20 has no manifest: its commit never finished
 
         proxy.delay = lambda method, path: 0
-        second = _start(spec, tmp_path / "node-b")
+        second = start_run(spec, tmp_path / "node-b")
         out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out[-4000:]
     assert f"train: resuming from committed checkpoint step {EVERY}" in out
@@ -111,7 +98,7 @@ def test_sigterm_during_a_background_commit_commits_it_and_the_final_one(tmp_pat
     bucket = create_bucket(s3_server)
     with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 3)) as proxy:
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=100000)
-        proc = _start(spec, tmp_path / "node-a")
+        proc = start_run(spec, tmp_path / "node-a")
         lines = _read_until(proc, "train: step 25/")
         proc.send_signal(signal.SIGTERM)
         out = "".join(lines) + proc.communicate(timeout=300)[0]
@@ -151,11 +138,11 @@ def test_commits_that_keep_failing_stop_the_job_with_the_stores_error(tmp_path, 
     with S3Proxy(s3_server, fail=checkpoint_upload) as proxy:
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=100000)
         # two requests per upload (no long backoff): each failed commit costs a second, not a minute
-        proc = _start(spec, tmp_path / "node-a", AWS_MAX_ATTEMPTS="2")
+        proc = start_run(spec, tmp_path / "node-a", {"AWS_MAX_ATTEMPTS": "2"})
         out, _ = proc.communicate(timeout=600)
-        status = subprocess.run(
-            [RENTUNE, "status", "bg", "--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server],
-            capture_output=True, text=True, timeout=120, env={**os.environ, "RENTUNE_S3_ADDRESSING_STYLE": "path"},
+        status = rentune(
+            "status", "bg", "--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server,
+            env={"RENTUNE_S3_ADDRESSING_STYLE": "path"},
         )  # fmt: skip
     assert proc.returncode not in (0, 143), out[-4000:]
     first_failure = out.index("checkpoint: commit of step 10 failed (1 in a row)")

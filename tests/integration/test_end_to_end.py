@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from tests.processes import rentune
+
 ROOT = Path(__file__).resolve().parents[2]
-RENTUNE = Path(sys.executable).parent / "rentune"
 PHASES = ["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]
 
 
@@ -32,11 +30,6 @@ def _spec(tmp_path: Path, **training) -> Path:
     return path
 
 
-def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-
-
 def _snapshot(folder: Path) -> dict[str, str]:
     return {
         p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -49,7 +42,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 def finished_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     spec = _spec(tmp)
-    result = _rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work"), cwd=tmp)
+    result = rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work"), cwd=tmp)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp, spec, result, tmp / "store" / "jobs" / "e2e"
 
@@ -154,7 +147,7 @@ def test_binding_holds_the_base_model_sha256(finished_job):
 def test_second_run_redoes_and_overwrites_nothing(finished_job):
     tmp, spec, _, job = finished_job
     before = _snapshot(job)
-    again = _rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work2"), cwd=tmp)
+    again = rentune("run", str(spec), "--store", f"file://{tmp / 'store'}", "--workdir", str(tmp / "work2"), cwd=tmp)
     assert again.returncode == 0, again.stderr[-3000:]
     for phase in PHASES:
         assert f"{phase}: already committed, skipping" in again.stdout
@@ -167,7 +160,7 @@ def test_same_job_id_with_another_spec_is_refused_and_nothing_changes(finished_j
     tmp, _, _, job = finished_job
     before = _snapshot(job)
     changed = _spec(tmp_path, learning_rate=0.0005)
-    result = _rentune("run", str(changed), "--store", f"file://{tmp / 'store'}", cwd=tmp_path)
+    result = rentune("run", str(changed), "--store", f"file://{tmp / 'store'}", cwd=tmp_path)
     assert result.returncode == 3
     assert "already holds this job with another spec" in result.stderr
     assert _snapshot(job) == before

@@ -7,10 +7,8 @@ run is long enough in steps to be interrupted, yet takes seconds. Processes are 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,11 +19,11 @@ from entrypoint.store import PrefixedStore, get_tree
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, find_latest, list_steps
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
+from tests.processes import start_run
 from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-RENTUNE = Path(sys.executable).parent / "rentune"
 MAX_STEPS = 120
 EVERY = 10
 LOG_EVERY = 7  # loss windows that do not line up with checkpoints: the window around the resume spans both
@@ -46,18 +44,6 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str) -> Path:
     }
     return write_spec(
         tmp_path / "spec.yaml", tiny_job("resume", model, training=training, store=s3_section(endpoint, bucket))
-    )
-
-
-def _start(spec: Path, workdir: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(
-        [RENTUNE, "run", str(spec), "--workdir", str(workdir)],
-        cwd=workdir.parent,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
 
 
@@ -95,7 +81,7 @@ def reference(tmp_path_factory, tiny_model, s3_server):
     tmp = tmp_path_factory.mktemp("reference")
     bucket = create_bucket(s3_server)
     (tmp / "work").mkdir()
-    code, out = _finish(_start(_spec(tmp, tiny_model, s3_server, bucket), tmp / "work"))
+    code, out = _finish(start_run(_spec(tmp, tiny_model, s3_server, bucket), tmp / "work"))
     assert code == 0, out[-4000:]
     job = _job(s3_server, bucket)
     result = json.loads(job.get_bytes("trials/main/result.json"))
@@ -109,7 +95,7 @@ def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_s
     spec = _spec(tmp_path, tiny_model, s3_server, bucket)
     job = _job(s3_server, bucket)
     (tmp_path / "node-a").mkdir()
-    first = _start(spec, tmp_path / "node-a")
+    first = start_run(spec, tmp_path / "node-a")
     _wait_for_manifest(job, first, 2 * EVERY)
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -117,7 +103,7 @@ def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_s
     assert job.head("phases/train/result.json") is None
 
     (tmp_path / "node-b").mkdir()  # another "node": nothing local survives
-    code, out = _finish(_start(spec, tmp_path / "node-b"))
+    code, out = _finish(start_run(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
     result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["resumed_from_step"] is not None and 2 * EVERY <= result["resumed_from_step"] < MAX_STEPS
@@ -136,7 +122,7 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     spec = _spec(tmp_path, tiny_model, s3_server, bucket)
     job = _job(s3_server, bucket)
     (tmp_path / "node-a").mkdir()
-    proc = _start(spec, tmp_path / "node-a")
+    proc = start_run(spec, tmp_path / "node-a")
     _wait_for_manifest(job, proc, EVERY)
     proc.send_signal(signal.SIGTERM)
     code, out = _finish(proc)
@@ -160,7 +146,7 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     job.put_bytes(key, json.dumps({**manifest, "env": {**manifest["env"], "torch": "0.0-other-node"}}).encode())
 
     (tmp_path / "node-b").mkdir()
-    code, out = _finish(_start(spec, tmp_path / "node-b"))
+    code, out = _finish(start_run(spec, tmp_path / "node-b"))
     assert code == 0, out[-4000:]
     ref_weights, ref_losses, ref_train_loss = reference
     result = json.loads(job.get_bytes("trials/main/result.json"))

@@ -8,31 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.models import smollm2_gguf
+from tests.processes import rentune
 
 ROOT = Path(__file__).resolve().parents[2]
-RENTUNE = Path(sys.executable).parent / "rentune"
 ORDERS = ROOT / "examples/data/orders-chat.jsonl"
-
-
-def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory) -> Path:
     gguf = smollm2_gguf()
     out = tmp_path_factory.mktemp("smollm2") / "model"
-    done = _rentune("convert-gguf", str(gguf), str(out), cwd=out.parent)
+    done = rentune("convert-gguf", str(gguf), str(out), cwd=out.parent, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "GGUF_SOURCE.json").read_text())["parameters"] == 134_515_008
     return out
@@ -66,7 +58,9 @@ def test_smollm2_learns_on_assistant_turns_and_evaluates_with_the_trained_templa
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    done = _rentune("run", str(path), "--store", f"file://{tmp_path / 'store'}", "--until", "evaluate", cwd=tmp_path)
+    done = rentune(
+        "run", str(path), "--store", f"file://{tmp_path / 'store'}", "--until", "evaluate", cwd=tmp_path, timeout=1500
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     job = tmp_path / "store/jobs/smollm2"
 

@@ -10,10 +10,8 @@ trial, every step from 1 to the last exactly once, the same losses in all three,
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,11 +23,11 @@ from entrypoint.store import PrefixedStore
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
+from tests.processes import rentune, start_run
 from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 from tests.wandb_records import history
 
-RENTUNE = Path(sys.executable).parent / "rentune"
 MAX_STEPS = 120
 EVERY = 10
 JOB = "tracked"
@@ -42,25 +40,11 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def _env(tmp_path: Path) -> dict:
     return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
         "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps its file store behind this switch
         "WANDB_MODE": "offline",
         "WANDB_DIR": str(tmp_path / "wandb-volume"),
         "WANDB_API_KEY": "",
     }
-
-
-def _start(spec: Path, workdir: Path, env: dict) -> subprocess.Popen:
-    workdir.mkdir()
-    return subprocess.Popen(
-        [RENTUNE, "run", str(spec), "--workdir", str(workdir)],
-        cwd=workdir.parent,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def _mlflow_steps(mlruns: Path, metric: str) -> list[int]:
@@ -150,28 +134,17 @@ def tracked_job(tmp_path_factory, tiny_model, s3_server):
     job = PrefixedStore(
         S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path"), f"jobs/{JOB}"
     )
-    first = _start(spec_path, tmp / "node-a", env)
+    first = start_run(spec_path, tmp / "node-a", env)
     killed = _kill_after_checkpoint_and_more_steps(job, first, tmp)
     killed["out"] = first.stdout.read()
-    second = _start(spec_path, tmp / "node-b", env)  # nothing local survives but the W&B volume
+    second = start_run(spec_path, tmp / "node-b", env)  # nothing local survives but the W&B volume
     out, _ = second.communicate(timeout=900)
     assert second.returncode == 0, out[-4000:]
     fetched = tmp / "fetched"
-    fetch = subprocess.run(
-        [RENTUNE, "fetch", JOB, "--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server, "--dest", str(fetched)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    store_flags = ("--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server)
+    fetch = rentune("fetch", JOB, *store_flags, "--dest", str(fetched), env=env)
     assert fetch.returncode == 0, fetch.stderr
-    status = subprocess.run(
-        [RENTUNE, "status", JOB, "--store", f"s3://{bucket}/runs", "--endpoint-url", s3_server],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    status = rentune("status", JOB, *store_flags, env=env)
     assert status.returncode == 0, status.stderr
     return {
         "status": status.stdout,

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +15,11 @@ from entrypoint.report.results import Results
 from entrypoint.store import PrefixedStore
 from entrypoint.store.s3 import S3Store
 from tests.models import build_tiny_bert
+from tests.processes import rentune
 from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-RENTUNE = Path(sys.executable).parent / "rentune"
 
 
 def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, name: str = "spec.yaml") -> Path:
@@ -59,18 +56,13 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, 
     return write_spec(tmp_path / name, spec)
 
 
-def _rentune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([RENTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-
-
 @pytest.fixture(scope="module")
 def job(s3_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trials")
     model = build_tiny_bert(tmp / "bert")
     bucket = create_bucket(s3_server)
     spec = _spec(tmp, model, s3_server, bucket, "trials")
-    result = _rentune("run", str(spec), "--workdir", str(tmp / "work"), cwd=tmp)
+    result = rentune("run", str(spec), "--workdir", str(tmp / "work"), cwd=tmp)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     store = PrefixedStore(
         S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path"), "jobs/trials"
@@ -129,7 +121,7 @@ def test_selection_on_eval_then_the_test_split_is_opened_once(job, s3_server):
 def test_a_second_spec_on_the_same_test_split_is_refused_before_training_unless_overridden(job, s3_server):
     tmp, model, bucket, store, _ = job
     spec = _spec(tmp, model, s3_server, bucket, "trials-again", name="again.yaml")
-    refused = _rentune("run", str(spec), "--workdir", str(tmp / "work2"), cwd=tmp)
+    refused = rentune("run", str(spec), "--workdir", str(tmp / "work2"), cwd=tmp)
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "already opened by job 'trials'" in refused.stderr and "--reopen-test" in refused.stderr
     assert "train: starting" not in refused.stdout  # refused in the data phase, before any compute
@@ -138,7 +130,7 @@ def test_a_second_spec_on_the_same_test_split_is_refused_before_training_unless_
     assert len(list(root.list("sealed-tests"))) == 1  # nothing recorded for the refused job
 
     reason = "the first job's selection had a bug; re-checked by hand"
-    ran = _rentune(
+    ran = rentune(
         "run", str(spec), "--workdir", str(tmp / "work2"), "--reopen-test", reason, "--until", "report", cwd=tmp
     )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
@@ -168,7 +160,7 @@ def test_report_is_valid_against_its_schema_with_plots_and_table(job, tmp_path, 
     assert results["limitations"] and any("wrong-module is invalid" in n for n in results["limitations"])
     assert any("longer exceeds the training budget" in n for n in results["limitations"])
 
-    fetched = _rentune(
+    fetched = rentune(
         "fetch",
         "trials",
         "--store",
@@ -204,7 +196,7 @@ def test_a_guardrail_on_a_metric_the_job_does_not_compute_stops_it_before_traini
     spec["store"] = {"uri": f"file://{tmp_path / 'store'}"}
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(spec))
-    result = _rentune("run", str(path), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    result = rentune("run", str(path), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "guardrails: 'f1/biling': no such metric is computed for this job" in result.stderr
     assert "f1/billing" in result.stderr and "probe: starting" not in result.stdout
