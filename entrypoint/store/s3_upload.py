@@ -12,7 +12,8 @@ hash from the upload's own read through it), s3transfer copies each part into a 
 buffer, and the kernel maps and zeroes fresh pages for every one (about 38,000 page faults per 200 MB in
 `bench/store.py`); handed a path, it reads the parts concurrently, so the hash would need a second read.
 Here the parts land in buffers a `PartBuffers` keeps for the life of the store, and a buffer goes to
-botocore as it is (a bytearray), which sends it and signs it without copying it again. botocore asks the
+botocore as it is (a bytearray), which sends it and signs it without copying it again (with rentune's
+checksum setting; botocore's default, `when_supported`, copies each part over HTTPS to add a trailer). botocore asks the
 server's go-ahead (`Expect: 100-continue`) only for bodies it can read like a file, so `expect_continue`
 (registered by the store on its client) asks it for every part: a throttled or refused part is answered
 before its 16 MiB are sent, as with boto3's own uploads.
@@ -28,6 +29,7 @@ import hashlib
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["MAX_PARTS", "PartBuffers", "expect_continue", "part_size_for", "upload_hashed"]
@@ -66,7 +68,13 @@ class PartBuffers:
             if self._free:
                 return self._free.pop()
             self.made += 1
-        return bytearray(self.size)
+        try:
+            return bytearray(self.size)
+        except BaseException:  # MemoryError: not made after all, or take() would wait for it forever
+            with self._ready:
+                self.made -= 1
+                self._ready.notify()
+            raise
 
     @property
     def in_use(self) -> int:
@@ -121,38 +129,54 @@ def upload_hashed(
         if part_size_for(size, buffers.size) != buffers.size:  # beyond 10,000 parts: bigger, one-off buffers
             buffers = PartBuffers(part_size_for(size, buffers.size), concurrency)
         checksum = _checksum_args(client)
-        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key, **checksum)["UploadId"]
+        upload = _Multipart(client, bucket, key, checksum)
+        upload.upload_id = client.create_multipart_upload(Bucket=bucket, Key=key, **checksum)["UploadId"]
         try:
-            parts = _send_parts(client, bucket, key, upload_id, handle, digest, buffers, concurrency, checksum)
+            parts = _send_parts(upload, handle, size, digest, buffers, concurrency)
             client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                Bucket=bucket, Key=key, UploadId=upload.upload_id, MultipartUpload={"Parts": parts}
             )
         except BaseException:
-            # Parts of an upload never completed are billed until aborted (the next attempt aborts any left). Best
-            # effort: the failure that got us here is the one to report.
+            # Parts of an upload never completed are billed until aborted (the next attempt of the job aborts
+            # any left). Best effort: the failure that got us here is the one to report.
             with contextlib.suppress(Exception):
-                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload.upload_id)
             raise
     return digest.hexdigest()
 
 
-def _send_parts(client, bucket, key, upload_id, handle, digest, buffers, concurrency, checksum) -> list[dict]:
-    """Read `handle` part by part into `buffers`, hashing each, while workers upload the parts read so far.
-    Returns the parts for CompleteMultipartUpload; raises the first failure once every worker has stopped."""
-    failed = threading.Event()  # once set, parts not yet sent are skipped and no more are read
+@dataclass
+class _Multipart:
+    """One multipart upload: where it goes and how each part is sent."""
+
+    client: object
+    bucket: str
+    key: str
+    checksum: dict  # {"ChecksumAlgorithm": "CRC32"} or {}
+    upload_id: str = ""
+
+    def send(self, number: int, body: bytearray) -> dict:
+        """UploadPart; the entry CompleteMultipartUpload needs for it."""
+        response = self.client.upload_part(
+            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=body, **self.checksum
+        )
+        part = {"PartNumber": number, "ETag": response["ETag"]}
+        if "ChecksumCRC32" in response:  # as s3transfer: a server may take the checksum and not echo it
+            part["ChecksumCRC32"] = response["ChecksumCRC32"]
+        return part
+
+
+def _send_parts(upload: _Multipart, handle, size: int, digest, buffers: PartBuffers, concurrency: int) -> list[dict]:
+    """Read the `size` bytes of `handle` part by part into `buffers`, hashing each in order, while
+    `concurrency` workers upload the parts read so far. Returns CompleteMultipartUpload's part list; once a
+    part fails, no more are read or sent, and the first failure is raised when every worker has stopped."""
+    failed = threading.Event()
 
     def send(number: int, buffer: bytearray, length: int) -> dict | None:
         try:
             if failed.is_set():
-                return None
-            body = buffer if length == len(buffer) else bytearray(memoryview(buffer)[:length])  # the last part
-            response = client.upload_part(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body, **checksum
-            )
-            part = {"PartNumber": number, "ETag": response["ETag"]}
-            if checksum:
-                part["ChecksumCRC32"] = response["ChecksumCRC32"]
-            return part
+                return None  # skipped: the failure that set it is raised below
+            return upload.send(number, buffer if length == len(buffer) else bytearray(memoryview(buffer)[:length]))
         except BaseException:
             failed.set()
             raise
@@ -160,20 +184,23 @@ def _send_parts(client, bucket, key, upload_id, handle, digest, buffers, concurr
             buffers.give(buffer)
 
     sent: list[Future] = []
+    count = -(-size // buffers.size)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="s3-part") as pool:
         try:
-            while not failed.is_set():
+            for number in range(1, count + 1):
                 buffer = buffers.take()
                 try:
-                    length = handle.readinto(buffer)  # a buffered file fills the buffer unless at its end
+                    want = min(buffers.size, size - (number - 1) * buffers.size)
+                    # a buffered file fills the view unless it ends first (it shrank: the size check says so)
+                    length = 0 if failed.is_set() else handle.readinto(memoryview(buffer)[:want])
+                    if not length:
+                        buffers.give(buffer)
+                        break
+                    digest.update(memoryview(buffer)[:length])
+                    sent.append(pool.submit(send, number, buffer, length))
                 except BaseException:
-                    buffers.give(buffer)
+                    buffers.give(buffer)  # never reached send(), which gives it back otherwise
                     raise
-                if not length:
-                    buffers.give(buffer)
-                    break
-                digest.update(memoryview(buffer)[:length])
-                sent.append(pool.submit(send, len(sent) + 1, buffer, length))
         except BaseException:
             failed.set()  # the parts queued behind the failure return at once; the pool waits for the rest
             raise
