@@ -102,10 +102,11 @@ def schema() -> None:
 @click.option("--train-examples", type=click.IntRange(min=1), help="Training examples, when the data is in s3://.")
 def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
     """Print SPEC's lease plan; exit 2 with what to cut if it does not fit."""
-    from jobspec.plan import count_train_examples, make_plan
+    from jobspec.plan import count_split_examples, count_train_examples, make_plan, power_lines
 
     loaded = _load_or_exit(spec)
     try:
+        counts = count_split_examples(loaded.spec)
         n_train = train_examples or count_train_examples(loaded.spec)
     except OSError as exc:
         click.echo(f"{spec}: data: cannot read the training data to count it ({exc})", err=True)
@@ -115,6 +116,8 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
         sys.exit(EXIT_INVALID)
     result = make_plan(loaded.spec, n_train, window=window)
     click.echo(result.table())
+    for line in power_lines(loaded.spec, counts) if counts else []:
+        click.echo(line)
     if result.problems:
         for line in result.problems:
             click.echo(f"{spec}: {line}", err=True)

@@ -30,7 +30,17 @@ from entrypoint.training.device import preflight
 from entrypoint.training.environment import environment
 from jobspec.load import LoadedSpec
 
-__all__ = ["PHASES", "JobOutcome", "PlanDoesNotFit", "check_base_model", "run_job", "store_args", "verify_base_model"]
+__all__ = [
+    "PHASES",
+    "JobOutcome",
+    "PlanDoesNotFit",
+    "Underpowered",
+    "check_base_model",
+    "check_power",
+    "run_job",
+    "store_args",
+    "verify_base_model",
+]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
     ("data", data.run),
@@ -52,6 +62,30 @@ STALE_UPLOAD_S = 3600.0
 
 class PlanDoesNotFit(InvalidInput):
     """The job cannot fit its lease; said before the first phase, with what to cut."""
+
+
+class Underpowered(InvalidInput):
+    """The eval or test split is too small to decide the hypothesis (evaluation.underpowered: fail)."""
+
+
+def check_power(ctx: PhaseContext) -> None:
+    """After the baseline, before any training: with `evaluation.underpowered: fail`, stop a job whose
+    hypothesis its splits cannot decide (the baseline phase's power table), saying what would."""
+    table = ctx.read_json(phase_result_key("baseline"))["power"]
+    hypothesis = next(m for m in table["metrics"] if m["role"] == "hypothesis")
+    if hypothesis["decidable"] is not False:
+        return
+    e, t, need = hypothesis["eval"], hypothesis["test"], hypothesis.get("needed") or {}
+    message = (
+        f"evaluation: the hypothesis cannot be decided with these splits: a change of {hypothesis['metric']} "
+        f"smaller than {e['detectable']:.3f} on eval ({e['examples']} examples) or {t['detectable']:.3f} on test "
+        f"({t['examples']} examples) cannot be told from noise at {table['confidence']:.0%} confidence, and "
+        f"hypothesis.min_gain is {hypothesis['asked']:.3f}. About {need.get('eval')} eval and {need.get('test')} "
+        "test examples would decide it (more data, larger data.split shares, or a larger min_gain)"
+    )
+    if ctx.spec.evaluation.underpowered == "fail":
+        raise Underpowered(message + "; stopped before training (evaluation.underpowered: fail)")
+    ctx.log(f"warning: {message}; going on (evaluation.underpowered: warn): expect 'inconclusive'")
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,8 @@ def run_job(
                     model_checked = True
                 _run_phase(ctx, name, phase)
                 ran.append(name)
+            if name == "baseline":
+                check_power(ctx)
             if name == until:
                 break
         outcome = {"outcome": "completed", "phase": None}

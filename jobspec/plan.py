@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 
 from jobspec.experiments import resolve_trials
 from jobspec.schema import IMAGE_SUFFIXES, JobSpec, Training, duration_seconds
@@ -28,9 +29,12 @@ __all__ = [
     "DEFAULT_STEP_SECONDS",
     "PhasePlan",
     "WINDOW_SECONDS",
+    "count_split_examples",
     "count_train_examples",
+    "detectable_from_size",
     "make_plan",
     "planned_steps",
+    "power_lines",
 ]
 
 WINDOW_SECONDS = {"3d": 3 * 86400, "7d": 7 * 86400, "30d": 30 * 86400}
@@ -90,22 +94,64 @@ def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
     return max(1, math.ceil(training.epochs * per_epoch))
 
 
-def count_train_examples(spec: JobSpec) -> int | None:
-    """Training examples, counted from the local data files before the data phase runs (non-empty lines;
-    a single source is cut by the split shares). None when the data is in object storage."""
-    data = spec.data
-    location = data.files.train if data.files else data.source
+def _count(location: str) -> int | None:
+    """Examples in a local JSONL file (non-empty lines) or ImageFolder (image files); None in object storage."""
     if location.startswith("s3://"):
         return None
     path = Path(location.removeprefix("file://"))
     if path.is_dir():  # an ImageFolder: one folder per category
-        lines = sum(1 for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
-    else:
-        with path.open("rb") as handle:
-            lines = sum(1 for line in handle if line.strip())
+        return sum(1 for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def count_split_examples(spec: JobSpec) -> dict[str, int] | None:
+    """Examples per split (train, eval, test), counted from the local data files before the data phase runs:
+    given files as they are, a single source cut by the split shares (before de-duplication). None when the
+    data is in object storage."""
+    data = spec.data
     if data.files:
-        return lines
-    return max(1, round(lines * (1 - data.split.eval - data.split.test)))
+        counts = {name: _count(getattr(data.files, name)) for name in ("train", "eval", "test")}
+        return None if None in counts.values() else counts
+    lines = _count(data.source)
+    if lines is None:
+        return None
+    held = {"eval": round(lines * data.split.eval), "test": round(lines * data.split.test)}
+    return {"train": max(1, round(lines * (1 - data.split.eval - data.split.test))), **held}
+
+
+def count_train_examples(spec: JobSpec) -> int | None:
+    """Training examples, counted from the local data files before the data phase runs (non-empty lines;
+    a single source is cut by the split shares). None when the data is in object storage."""
+    counts = count_split_examples(spec)
+    return None if counts is None else counts["train"]
+
+
+def detectable_from_size(examples: int, confidence: float) -> float:
+    """The smallest change of a rate that `examples` paired examples can show before any is measured: the
+    half-width of the interval of a difference of two independent rates near 0.5 (the widest case),
+    z x sqrt(2 x 0.25 / n). The baseline phase replaces it with the baseline's measured spread."""
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    return z * math.sqrt(0.5 / examples) if examples else float("inf")
+
+
+def power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
+    """What `rentune plan` says of power: the hypothesis metric's detectable change on eval and test from the
+    split sizes alone, against min_gain."""
+    h, level = spec.hypothesis, spec.evaluation.confidence
+    eval_h, test_h = (detectable_from_size(counts[s], level) for s in ("eval", "test"))
+    lines = [
+        f"power (from split sizes alone, the widest case: rates near 0.5; the baseline phase measures it): "
+        f"{h.metric} changes smaller than {eval_h:.3f} on eval ({counts['eval']} examples) and {test_h:.3f} on test "
+        f"({counts['test']}) cannot be told from noise at {level:.0%}; min_gain is {h.min_gain:.3f}"
+    ]
+    if h.min_gain > 0 and max(eval_h, test_h) > h.min_gain:
+        need = math.ceil(counts["eval"] * (max(eval_h, test_h) / h.min_gain) ** 2)
+        lines.append(
+            f"power: the hypothesis may stay inconclusive: about {need} eval and test examples each would decide "
+            f"a gain of min_gain (evaluation.underpowered: {spec.evaluation.underpowered})"
+        )
+    return lines
 
 
 @dataclass(frozen=True)

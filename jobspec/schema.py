@@ -18,6 +18,7 @@ __all__ = [
     "CheckpointPolicy",
     "Data",
     "Distribution",
+    "Evaluation",
     "Experiment",
     "Guardrail",
     "Hypothesis",
@@ -185,6 +186,21 @@ class Guardrail(_Section):
     tolerance: float = Field(0.0, ge=0.0, le=1.0, description="How much worse than the baseline is still a pass.")
 
 
+class Evaluation(_Section):
+    """How verdicts are decided: paired bootstrap intervals over the eval and test examples."""
+
+    resamples: int = Field(
+        10_000, ge=1000, le=1_000_000, description="Bootstrap resamples per interval (1,000 or more, Koehn 2004)."
+    )
+    confidence: float = Field(0.95, ge=0.5, le=0.999, description="Confidence level of every interval.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the resamples: the same seed, the same intervals.")
+    underpowered: Literal["warn", "fail"] = Field(
+        "warn",
+        description="When the eval or test split is too small to decide the hypothesis (the smallest change it can "
+        "show exceeds min_gain): warn and go on, or fail after the baseline, before any training (exit 2).",
+    )
+
+
 class Experiment(_Section):
     """A variant: one explained change against a reference trial (`main` is the spec's own settings)."""
 
@@ -348,6 +364,13 @@ class Data(_Section):
     split: SplitPolicy = Field(default_factory=SplitPolicy)
     leaks: LeakPolicy = Field(default_factory=LeakPolicy)
     inspect_per_category: int = Field(2, ge=1, le=50, description="Examples per category in the inspection.")
+    cluster_field: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="Text rows: a field shared by rows that belong together (a source document, a conversation); "
+        "intervals resample whole clusters instead of single rows. Every row must have it.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Data:
@@ -355,6 +378,8 @@ class Data(_Section):
             raise ValueError("expected exactly one of data.source (rentune splits it) or data.files (given splits)")
         if "{prompt}" not in self.template:
             raise ValueError("expected data.template to contain {prompt}")
+        if self.cluster_field is not None and self.modality == "image":
+            raise ValueError("expected no data.cluster_field for images (it names a field of text rows)")
         return self
 
 
@@ -584,6 +609,7 @@ class JobSpec(_Section):
     rental: Rental = Field(default_factory=Rental)
     store: Store = Field(default_factory=Store)
     tracking: Tracking = Field(default_factory=Tracking)
+    evaluation: Evaluation = Field(default_factory=Evaluation)
     experiments: list[Experiment] = Field(
         default_factory=list, max_length=100, description="Variants trained after `main`, each against a reference."
     )

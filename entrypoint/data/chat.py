@@ -23,7 +23,7 @@ from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.reading import DataError, RawFile, records
+from entrypoint.data.reading import DataError, RawFile, cluster_of, records
 
 __all__ = [
     "ChatTemplate",
@@ -106,8 +106,11 @@ def chat_row(turns: list[dict], label: str) -> dict:
     return {"messages": turns, "prompt": prompt, "response": turns[last]["content"], "label": label}
 
 
-def chat_rows(raw: RawFile, fmt: str, group_field: str | None, train_on: str, errors: list[str]) -> Iterator[dict]:
-    """Canonical chat rows one at a time; bad rows go to `errors` as file, row: why (`refuse` them after)."""
+def chat_rows(
+    raw: RawFile, fmt: str, group_field: str | None, train_on: str, errors: list[str], cluster_field: str | None = None
+) -> Iterator[dict]:
+    """Canonical chat rows one at a time; bad rows go to `errors` as file, row: why (`refuse` them after).
+    With `cluster_field`, each row also carries its `cluster` (data.cluster_field)."""
     for where, obj in records(raw, errors):
         turns, problem = _turns(obj, fmt)
         problem = problem or _problem(turns, train_on)
@@ -115,7 +118,12 @@ def chat_rows(raw: RawFile, fmt: str, group_field: str | None, train_on: str, er
             errors.append(f"{where}: {problem}")
             continue
         group = obj.get(group_field, "all") if group_field else "all"
-        yield chat_row(turns, group if isinstance(group, str) else str(group))
+        row = chat_row(turns, group if isinstance(group, str) else str(group))
+        if cluster_field is not None:
+            row["cluster"] = cluster_of(obj, cluster_field, where, errors)
+            if row["cluster"] is None:
+                continue
+        yield row
 
 
 def clean_chat(rows: list[dict], rules) -> tuple[list[dict], dict[str, int]]:
@@ -133,7 +141,7 @@ def clean_chat(rows: list[dict], rules) -> tuple[list[dict], dict[str, int]]:
         kept = contents.get(i, {})
         if len(kept) == len(row["messages"]):
             turns = [{**t, "content": kept[j]} for j, t in enumerate(row["messages"])]
-            out.append(chat_row(turns, row["label"]))
+            out.append({**chat_row(turns, row["label"]), **({"cluster": row["cluster"]} if "cluster" in row else {})})
     return out, counts
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "open_source",
     "records",
     "refuse",
+    "cluster_of",
     "text_rows",
 ]
 
@@ -225,12 +226,23 @@ def _without_nulls(value):
     return value
 
 
+def cluster_of(obj: dict, field: str, where: str, errors: list[str]) -> str | None:
+    """A row's cluster (data.cluster_field) as text, or None after adding an error naming the row."""
+    value = obj.get(field)
+    if value is None or isinstance(value, dict | list) or value == "":
+        what = "missing" if value is None else "empty" if value == "" else f"a {type(value).__name__}"
+        errors.append(f"{where}: field {field!r} (data.cluster_field) is {what}; expected a text or number id")
+        return None
+    return str(value)
+
+
 def text_rows(
     raw: RawFile,
     wanted: Mapping[str, str],
     declared: Sequence[str] | None,
     group_field: str | None,
     errors: list[str],
+    cluster_field: str | None = None,
 ) -> Iterator[dict]:
     """Canonical rows, one at a time: each `wanted` canonical name (e.g. "text", "label") -> the value of its
     field in the row (`{"text": "body", "label": "category"}`), which must be text. With `group_field`,
@@ -251,6 +263,9 @@ def text_rows(
         if group_field is not None:
             group = obj.get(group_field, "all")
             row["label"] = group if isinstance(group, str) else str(group)
+        if cluster_field is not None:
+            row["cluster"] = cluster_of(obj, cluster_field, where, errors)
+            bad = bad or row["cluster"] is None
         if not bad and declared_set is not None and row["label"] not in declared_set:
             allowed = ", ".join(sorted(declared_set))
             errors.append(f"{where}: label {row['label']!r} is not one of data.labels ({allowed})")

@@ -86,7 +86,11 @@ def read_text_parts(
             with open_source(location, spec.store, field) as raw:
                 parts.summary["sources"][location] = raw.sha256
                 errors: list[str] = []
-                rows = parse(raw, errors) if parse else text_rows(raw, wanted, data.labels, group_field, errors)
+                rows = (
+                    parse(raw, errors)
+                    if parse
+                    else text_rows(raw, wanted, data.labels, group_field, errors, data.cluster_field)
+                )
                 parts.read[name] = 0
                 started = last = time.monotonic()
                 for chunk in chunked(rows):

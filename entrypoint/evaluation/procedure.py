@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from entrypoint.data.encoding import PREPROCESS_VERSION
 from entrypoint.evaluation.formats import FORMATS_VERSION, extraction_report, format_report
+from entrypoint.evaluation.judge import bootstrap_settings
 from entrypoint.evaluation.metrics import METRICS_VERSION, classification_report
 from entrypoint.job.state import trial_result_key
 from entrypoint.kinds import Baseline, JobKind
@@ -60,6 +61,7 @@ def eval_config(spec: JobSpec, kind: JobKind, split: str, data_version: str, bas
         "max_length": spec.model.max_length,
         "eval_batch": spec.training.eval_batch,
         "seed": spec.training.seed,
+        "intervals": bootstrap_settings(spec).describe(spec.data.cluster_field),
         **kind.eval_settings(),
         **({"format": spec.hypothesis.format.model_dump()} if spec.hypothesis.format else {}),
         **(

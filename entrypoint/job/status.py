@@ -89,6 +89,14 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         budget = _hm(slot["seconds"]) if slot else "-"
         deadline = _hm(plan["lease_start_at"] + slot["end"] - now) if slot and plan else "-"
         lines.append(f"{name:<10} {'committed' if result else 'pending':<10} {took:>8} {budget:>8} {deadline:>9}")
+    baseline = read_result(store, "baseline")
+    for m in (baseline or {}).get("power", {}).get("metrics", []):
+        if m["decidable"] is False:
+            lines.append(
+                f"power: {m['metric']} ({m['role']}) can show changes of {m['eval']['detectable']:.3f} on eval and "
+                f"{m['test']['detectable']:.3f} on test, not the {m['asked']:.3f} asked: expect 'inconclusive'"
+            )
+    evaluated = read_result(store, "evaluate") or {"trials": {}}
     lines += ["", f"{'trial':<20} {'status':<10} {'steps':>7}  reason"]
     for trial in resolve_trials(spec):
         record = _json(store, trial_result_key(trial.id))
@@ -106,10 +114,16 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         else:
             reason = (record.get("reason") or "")[:100]
             lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")
+        scored = evaluated["trials"].get(trial.id, {})
+        if scored.get("hypothesis"):
+            lines.append(f"{'':<20} eval: {_verdict(scored)}")
         runs = _json(store, tracking_key(trial.id)) if spec.tracking.enabled else None
         if runs:
             lines.append(f"{'':<20} tracking: {_runs(runs)}")
     lines.append("(* = newest committed checkpoint)")
+    tested = read_result(store, "test")
+    if tested:
+        lines.append(f"sealed test, {tested['selected']}: {_verdict(tested)}")
     lines += ["", "attempts:"]
     for n in attempt_numbers(store):
         started = _json(store, f"attempts/{n}/started.json") or {}
@@ -121,3 +135,13 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
             outcome = ended["outcome"] + (f" in {ended['phase']}: {ended['error']}" if ended.get("error") else "")
         lines.append(f"  {n}: started {when}, {outcome[:160]}")
     return "\n".join(lines)
+
+
+def _verdict(scored: dict) -> str:
+    """One trial's verdict on a split: the gain with its interval, the hypothesis, the guardrails."""
+    h = scored["hypothesis"]
+    low, high = h["interval"]
+    return (
+        f"{h['metric']} {h['gain']:+.3f} [{low:+.3f}, {high:+.3f}]: hypothesis {h['result']}; "
+        f"guardrails {scored['guardrails_result']}"
+    )

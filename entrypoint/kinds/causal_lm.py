@@ -59,7 +59,9 @@ class CausalLM:
             wanted,
             keys,
             group_field=data.label_field,
-            parse=lambda raw, errors: chat_rows(raw, data.format, data.label_field, data.train_on, errors),
+            parse=lambda raw, errors: chat_rows(
+                raw, data.format, data.label_field, data.train_on, errors, data.cluster_field
+            ),
             clean=lambda rows: clean_chat(rows, data.clean),
         )
 

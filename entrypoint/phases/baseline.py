@@ -7,13 +7,18 @@ initialisation, so the baseline is zero-shot: each text gets the category whose 
 closest to it. For a causal LM, the untouched model generates a response to each prompt with the same
 decoding every trial uses. Per-example outputs, metrics and the full eval config are stored, so later
 comparisons can be audited.
+
+Then the power check, before any GPU hour is spent: for each metric the verdict uses, the smallest change
+the eval and test splits can show (evaluation/judge.py: power), against min_gain and each tolerance. The
+runner stops the job here when `evaluation.underpowered: fail` and the hypothesis cannot be decided.
 """
 
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.evaluation.judge import power, power_lines, tally_of
 from entrypoint.evaluation.procedure import baseline_outputs, eval_config, score
-from entrypoint.evaluation.verdict import check_guardrails
+from entrypoint.evaluation.verdict import guardrail_names
 from entrypoint.job.state import to_jsonl
 from entrypoint.training.model import hash_base_model
 
@@ -25,7 +30,7 @@ def run(ctx: PhaseContext) -> dict:
     baseline = baseline_outputs(ctx, rows)
     report = score(ctx.spec, rows, baseline.outputs, ctx.labels)
     # Every guardrail must name a metric this job computes: checked now, not after days of training.
-    check_guardrails(ctx.spec.guardrails, report["metrics"], report["metrics"])
+    guardrail_names(ctx.spec.guardrails, report["metrics"])
     base_sha = hash_base_model(ctx.model_dir).sha256
     config = {**eval_config(ctx.spec, ctx.kind, "eval", ctx.data_version, base_sha), "baseline": baseline.method}
     ctx.store.put_bytes(
@@ -38,4 +43,8 @@ def run(ctx: PhaseContext) -> dict:
     ctx.log(
         f"baseline: {baseline.method['method']} {metric} {report['metrics'][metric]:.3f} on {report['n']} eval examples"
     )
-    return {"metrics": report["metrics"], "eval_config": config}
+    n_test = sum(ctx.data_result["counts"]["test"].values())
+    table = power(ctx.spec, tally_of(ctx.spec, rows, baseline.outputs, ctx.labels), rows, n_test)
+    for line in power_lines(table):
+        ctx.log(f"power: {line}")
+    return {"metrics": report["metrics"], "eval_config": config, "power": table}

@@ -5,8 +5,11 @@ eval split with one procedure (entrypoint/evaluation/procedure.py); then the gua
         download trials/<id>/final, reload (base + adapter), predict the eval split
         the outputs must agree with those recorded at the end of training (else the weights are not what
         was trained); store outputs, metrics and the eval config under trials/<id>/eval/
-    guardrails of each trial against the baseline; the primary metric's gain
-    select: the best primary metric among trials that pass every guardrail (eval split only)
+    each trial against the baseline, paired on the same examples (evaluation/judge.py): every metric's
+        change with its bootstrap interval, the hypothesis (holds / does not hold / inconclusive), the
+        guardrails (pass / fail / inconclusive), the examples fixed and broken
+    select: the highest primary metric among trials with no failed guardrail (eval split only), and the
+        paired interval of the selected trial against the runner-up
 
 The sealed test split is not touched here: the test phase opens it once, for the selected trial.
 """
@@ -14,8 +17,8 @@ The sealed test split is not touched here: the test phase opens it once, for the
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.evaluation.judge import judge, versus
 from entrypoint.evaluation.procedure import eval_config, evaluate_trial
-from entrypoint.evaluation.verdict import check_guardrails, hypothesis_verdict
 from entrypoint.job.state import read_jsonl, to_jsonl
 from entrypoint.training.model import hash_base_model
 
@@ -38,8 +41,8 @@ def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
     trials = ctx.read_json("phases/train/result.json")["trials"]
     config = eval_config(spec, ctx.kind, "eval", ctx.data_version, hash_base_model(ctx.model_dir).sha256)
-    baseline = ctx.read_json("phases/baseline/metrics.json")["metrics"]
-    results = {}
+    baseline = [r["output"] for r in read_jsonl(ctx.store.get_bytes("phases/baseline/predictions.jsonl"))]
+    results, outputs_of = {}, {}
     for trial_id, summary in trials.items():
         if not summary.get("evaluable"):
             results[trial_id] = {"status": summary["status"], "reason": summary["reason"]}
@@ -59,34 +62,52 @@ def run(ctx: PhaseContext) -> dict:
         )
         ctx.write_json(f"{prefix}/metrics.json", report)
         ctx.write_json(f"{prefix}/eval_config.json", {**config, "observed": report["observed"]})
-        guardrails = check_guardrails(spec.guardrails, baseline, report["metrics"])
-        verdict = hypothesis_verdict(spec.hypothesis, baseline, report["metrics"])
+        judged = judge(spec, rows, ctx.labels, baseline, outputs)
+        outputs_of[trial_id], eval_rows = outputs, rows
         results[trial_id] = {
             "status": summary["status"],
             "reason": summary["reason"],
             "metrics": report["metrics"],
-            "hypothesis": verdict,
-            "guardrails": guardrails,
-            "guardrails_passed": all(g["passed"] for g in guardrails),
+            "hypothesis": judged["hypothesis"],
+            "guardrails": judged["guardrails"],
+            "guardrails_result": judged["guardrails_result"],
+            "comparison": judged["comparison"],
+            "changed": judged["changed"],
             "disagreements_with_training_end": disagree,
         }
-        failed = [g["metric"] for g in guardrails if not g["passed"]]
+        v = judged["hypothesis"]
+        failed = [f"{g['metric']} {g['result']}" for g in judged["guardrails"] if g["result"] != "pass"]
         ctx.log(
-            f"evaluate: {trial_id}: {verdict['metric']} {verdict['trial']:.3f} (baseline {verdict['baseline']:.3f}, "
-            f"{verdict['gain']:+.3f}); guardrails {'pass' if not failed else 'FAIL: ' + ', '.join(failed)}"
+            f"evaluate: {trial_id}: {v['metric']} {v['trial']:.3f} (baseline {v['baseline']:.3f}, {v['gain']:+.3f} "
+            f"[{v['interval'][0]:+.3f}, {v['interval'][1]:+.3f}]): hypothesis {v['result']}; guardrails "
+            f"{judged['guardrails_result']}{': ' + ', '.join(failed) if failed else ''}"
         )
     completed = [t for t, r in results.items() if "metrics" in r]
     if not completed:
         reasons = "; ".join(f"{t}: {r['status']} ({r['reason']})" for t, r in results.items())
         raise NoValidTrial(f"evaluate: no trial completed, nothing to select: {reasons}")
-    safe = [t for t in completed if results[t]["guardrails_passed"]]
+    safe = [t for t in completed if results[t]["guardrails_result"] != "fail"]
     pool = safe or completed
     metric = spec.hypothesis.metric
-    selected = max(pool, key=lambda t: (results[t]["metrics"][metric], -completed.index(t)))
+    ranked = sorted(pool, key=lambda t: (-results[t]["metrics"][metric], completed.index(t)))
+    selected = ranked[0]
     why = (
-        f"highest {metric} on eval among trials passing every guardrail"
+        f"highest {metric} on eval among trials with no failed guardrail"
         if safe
-        else f"no trial passes every guardrail; highest {metric} on eval"
+        else f"every trial fails a guardrail; highest {metric} on eval"
     )
+    others = ranked[1:] or sorted(
+        (t for t in completed if t != selected), key=lambda t: (-results[t]["metrics"][metric], completed.index(t))
+    )
+    runner_up = None
+    if others:
+        runner_up = {
+            "trial_id": others[0],
+            **versus(spec, eval_rows, ctx.labels, outputs_of[others[0]], outputs_of[selected]),
+        }
+        low, high = runner_up["interval"]
+        why += f"; against the runner-up {others[0]}: {runner_up['change']:+.3f} [{low:+.3f}, {high:+.3f}], " + (
+            "decided" if runner_up["decided"] else "not decided (the interval includes 0)"
+        )
     ctx.log(f"evaluate: selected trial {selected} ({why})")
-    return {"trials": results, "selected": selected, "selection": why, "eval_config": config}
+    return {"trials": results, "selected": selected, "selection": why, "runner_up": runner_up, "eval_config": config}

@@ -4,6 +4,7 @@ phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run ag
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.evaluation.verdict import RULES
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
@@ -54,7 +55,9 @@ def run(ctx: PhaseContext) -> dict:
                 "metrics": scored.get("metrics"),
                 "hypothesis": scored.get("hypothesis"),
                 "guardrails": scored.get("guardrails", []),
-                "guardrails_passed": scored.get("guardrails_passed"),
+                "guardrails_result": scored.get("guardrails_result"),
+                "comparison": scored.get("comparison"),
+                "changed": scored.get("changed"),
                 "eval_config_sha256": config_sha256(config) if config else None,
                 "losses": record.get("losses", []),
                 "eval_losses": record.get("eval_losses", []),
@@ -73,19 +76,11 @@ def run(ctx: PhaseContext) -> dict:
         "baseline": {"method": baseline["eval_config"]["baseline"]["method"], "metrics": baseline["metrics"]},
         "trials": trials,
         "eval_configs_identical": len({config_sha256(c) for c in configs}) <= 1,
-        "selected": {"trial_id": selected, "why": evaluated["selection"]},
-        "verdict": {
-            "eval": {
-                "hypothesis_holds": chosen["hypothesis"]["holds"],
-                "gain": chosen["hypothesis"]["gain"],
-                "guardrails_passed": chosen["guardrails_passed"],
-            },
-            "test": {
-                "hypothesis_holds": test["hypothesis"]["holds"],
-                "gain": test["hypothesis"]["gain"],
-                "guardrails_passed": test["guardrails_passed"],
-            },
-        },
+        "selected": {"trial_id": selected, "why": evaluated["selection"], "runner_up": evaluated["runner_up"]},
+        "intervals": evaluated["eval_config"]["intervals"],
+        "rules": RULES,
+        "power": baseline["power"],
+        "verdict": {"eval": _split_verdict(chosen), "test": _split_verdict(test)},
         "test": {
             "test_sha256": test["test_sha256"],
             "examples": sum(data["counts"]["test"].values()),
@@ -93,6 +88,8 @@ def run(ctx: PhaseContext) -> dict:
             "baseline": test["baseline"],
             "trial": test["trial"],
             "guardrails": test["guardrails"],
+            "comparison": test["comparison"],
+            "changed": test["changed"],
         },
         "environment": {"backend": env["backend"], "torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
         "limitations": [],
@@ -129,6 +126,18 @@ def run(ctx: PhaseContext) -> dict:
     return {"selected": selected, "verdict": results["verdict"], "files": sorted(_files(ctx))}
 
 
+def _split_verdict(scored: dict) -> dict:
+    """The verdict on one split: the hypothesis' result, the gain and its interval, the guardrails' result."""
+    h = scored["hypothesis"]
+    return {
+        "hypothesis": h["result"],
+        "gain": h["gain"],
+        "interval": h["interval"],
+        "min_gain": h["min_gain"],
+        "guardrails": scored["guardrails_result"],
+    }
+
+
 def _files(ctx: PhaseContext) -> list[str]:
     return [info.key for info in ctx.store.list("report")]
 
@@ -152,6 +161,12 @@ def _track(ctx: PhaseContext, results: dict, files: list) -> None:
         metrics = {f"baseline/{k}": v for k, v in results["baseline"]["metrics"].items()}
         metrics.update({f"eval/{k}": v for k, v in (trial["metrics"] or {}).items()})
         summary = {"status": trial["status"], "reason": trial["reason"] or "", "selected": str(trial["id"] == selected)}
+        if trial["hypothesis"]:  # this trial's own verdict on eval, with the gain's interval
+            h = trial["hypothesis"]
+            metrics.update(
+                {"eval/gain": h["gain"], "eval/gain_low": h["interval"][0], "eval/gain_high": h["interval"][1]}
+            )
+            summary.update({"eval.hypothesis": h["result"], "eval.guardrails": str(trial["guardrails_result"])})
         if trial["id"] == selected:
             metrics.update({f"test/{k}": v for k, v in results["test"]["trial"].items()})
             metrics.update({f"test/baseline/{k}": v for k, v in results["test"]["baseline"].items()})

@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 
 from entrypoint.context import PhaseContext
+from entrypoint.evaluation.judge import judge
 from entrypoint.evaluation.procedure import baseline_outputs, eval_config, evaluate_trial, score
 from entrypoint.evaluation.seal import open_seal
-from entrypoint.evaluation.verdict import check_guardrails, hypothesis_verdict
 from entrypoint.job.state import to_jsonl
 from entrypoint.training.model import hash_base_model
 
@@ -36,11 +36,12 @@ def run(ctx: PhaseContext) -> dict:
     )
     ctx.write_json("phases/test/eval_config.json", {**config, "baseline": untouched.method})
     ctx.write_json("phases/test/metrics.json", {"baseline": baseline, selected: report})
-    verdict = hypothesis_verdict(spec.hypothesis, baseline["metrics"], report["metrics"])
-    guardrails = check_guardrails(spec.guardrails, baseline["metrics"], report["metrics"])
+    judged = judge(spec, rows, ctx.labels, untouched.outputs, outputs)
+    v = judged["hypothesis"]
     ctx.log(
-        f"test: {selected}: {verdict['metric']} {verdict['trial']:.3f} vs baseline {verdict['baseline']:.3f} on "
-        f"{len(rows)} sealed test examples; hypothesis {'holds' if verdict['holds'] else 'does NOT hold'}"
+        f"test: {selected}: {v['metric']} {v['trial']:.3f} vs baseline {v['baseline']:.3f} on {len(rows)} sealed test "
+        f"examples, {v['gain']:+.3f} [{v['interval'][0]:+.3f}, {v['interval'][1]:+.3f}]: hypothesis {v['result']}; "
+        f"guardrails {judged['guardrails_result']}"
     )
     return {
         "selected": selected,
@@ -48,8 +49,10 @@ def run(ctx: PhaseContext) -> dict:
         "override": override,
         "baseline": baseline["metrics"],
         "trial": report["metrics"],
-        "hypothesis": verdict,
-        "guardrails": guardrails,
-        "guardrails_passed": all(g["passed"] for g in guardrails),
+        "hypothesis": v,
+        "guardrails": judged["guardrails"],
+        "guardrails_result": judged["guardrails_result"],
+        "comparison": judged["comparison"],
+        "changed": judged["changed"],
         "eval_config": config,
     }

@@ -11,11 +11,26 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _interval(pair) -> str:
+    return "-" if not pair or any(v != v for v in pair) else f"[{pair[0]:+.3f}, {pair[1]:+.3f}]"
+
+
+def _verdict_line(v: dict, metric: str, level: str) -> str:
+    """e.g. "hypothesis holds: macro_f1 gain +0.146, 95% interval [+0.080, +0.210] (min_gain 0.050);
+    guardrails pass"."""
+    return (
+        f"hypothesis {v['hypothesis']}: {metric} gain {v['gain']:+.3f}, {level} interval {_interval(v['interval'])} "
+        f"(min_gain {v['min_gain']:.3f}); guardrails {v['guardrails']}"
+    )
+
+
 def render_markdown(results: dict) -> str:
     """report.md: verdict first, then the evidence, limitations last."""
     h, sel = results["hypothesis"], results["selected"]["trial_id"]
     metric = h["metric"]
+    level = f"{results['intervals']['confidence']:.0%}"
     ev, te = results["verdict"]["eval"], results["verdict"]["test"]
+    iv = results["intervals"]
     lines = [
         f"# rentune report: {results['job']['id']}",
         "",
@@ -23,52 +38,72 @@ def render_markdown(results: dict) -> str:
         "",
         f"- Primary metric `{metric}`, minimum gain {h['min_gain']:.3f} over the untouched base model.",
         f"- Selected trial: **{sel}** ({results['selected']['why']}).",
-        f"- Eval: hypothesis **{'holds' if ev['hypothesis_holds'] else 'does not hold'}** (gain {ev['gain']:+.3f}); "
-        f"guardrails **{'pass' if ev['guardrails_passed'] else 'FAIL'}**.",
-        f"- Sealed test (opened once): hypothesis **{'holds' if te['hypothesis_holds'] else 'does not hold'}** "
-        f"(gain {te['gain']:+.3f}); guardrails **{'pass' if te['guardrails_passed'] else 'FAIL'}**.",
+        f"- Eval: **{_verdict_line(ev, metric, level)}**.",
+        f"- Sealed test (opened once): **{_verdict_line(te, metric, level)}**.",
+        "",
+        f"Every interval is a {level} {iv['method']} interval over {iv['resamples']:,} resamples of each "
+        f"{iv['unit']} (seed {iv['seed']}), the baseline and the trial resampled together. Rules: {results['rules']}.",
         "",
         "## Trials (eval split)",
         "",
-        f"| trial | reference | change | status | {metric} | gain | guardrails | budget |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| trial | reference | change | status | {metric} | gain | {level} interval | hypothesis | guardrails "
+        "| budget |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base_value = results["baseline"]["metrics"][metric]
-    lines.append(f"| baseline | - | untouched base model | - | {base_value:.3f} | - | - | - |")
+    lines.append(f"| baseline | - | untouched base model | - | {base_value:.3f} | - | - | - | - | - |")
     for t in results["trials"]:
         value = t["metrics"][metric] if t["metrics"] else None
         gain = "-" if value is None else f"{value - base_value:+.3f}"
-        guard = "-" if t["guardrails_passed"] is None else ("pass" if t["guardrails_passed"] else "FAIL")
+        hyp = t["hypothesis"] or {}
         status = t["status"] if not t["reason"] else f"{t['status']}: {t['reason']}"
         change = ", ".join(t["changes"]) or "spec settings"
         lines.append(
             f"| {t['id']}{' (selected)' if t['id'] == sel else ''} | {t['reference'] or '-'} | {change} | "
-            f"{status.replace('|', '/')} | {_fmt(value)} | {gain} | {guard} | {t['budget']['status']} |"
+            f"{status.replace('|', '/')} | {_fmt(value)} | {gain} | {_interval(hyp.get('interval'))} | "
+            f"{hyp.get('result', '-')} | {t['guardrails_result'] or '-'} | {t['budget']['status']} |"
         )
+    runner_up = results["selected"].get("runner_up")
+    if runner_up:
+        lines += [
+            "",
+            f"{sel} against the runner-up {runner_up['trial_id']} on eval: {metric} {runner_up['change']:+.3f}, "
+            f"{level} interval {_interval(runner_up['interval'])}: "
+            + ("the choice is decided." if runner_up["decided"] else "**not decided** (the interval includes 0)."),
+        ]
     completed = [t for t in results["trials"] if t["metrics"]]
     family, names = bar_family(h["task"], results["baseline"]["metrics"])
     lines += [
         "",
         f"## Per category: `{family}` on eval",
         "",
-        "| metric | baseline | " + " | ".join(t["id"] for t in completed) + " |",
+        "| metric | baseline | " + " | ".join(f"{t['id']} | change [{level}]" for t in completed) + " |",
     ]
-    lines.append("|---|---|" + "---|" * len(completed))
+    lines.append("|---|---|" + "---|---|" * len(completed))
     for name in names:
-        row = [_fmt(results["baseline"]["metrics"].get(name))] + [_fmt(t["metrics"].get(name)) for t in completed]
+        row = [_fmt(results["baseline"]["metrics"].get(name))]
+        for t in completed:
+            c = (t["comparison"] or {}).get(name)
+            row += [
+                _fmt(t["metrics"].get(name)),
+                "-" if c is None else f"{c['change']:+.3f} {_interval(c['interval'])}",
+            ]
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     test = results["test"]
     lines += [
         "",
         f"## Sealed test split ({test['examples']} examples, sha256 {test['test_sha256'][:16]})",
         "",
-        f"| metric | baseline | {sel} | change |",
-        "|---|---|---|---|",
+        f"| metric | baseline | {sel} | change | {level} interval |",
+        "|---|---|---|---|---|",
     ]
     for name in [metric, *[n for n in names if n != metric]]:
-        before, after = test["baseline"].get(name), test["trial"].get(name)
-        change = "-" if before is None or after is None else f"{after - before:+.3f}"
-        lines.append(f"| {name} | {_fmt(before)} | {_fmt(after)} | {change} |")
+        c = test["comparison"].get(name)
+        if c is None:
+            continue
+        lines.append(
+            f"| {name} | {_fmt(c['before'])} | {_fmt(c['after'])} | {c['change']:+.3f} | {_interval(c['interval'])} |"
+        )
     if test["override"]:
         lines += ["", f"**The test split was reopened on request:** {test['override']['reason']}"]
     selected = next(t for t in results["trials"] if t["id"] == sel)
@@ -77,15 +112,17 @@ def render_markdown(results: dict) -> str:
         lines.append("No guardrails were declared in the spec.")
     else:
         lines += [
-            "| split | metric | baseline | trial | change | tolerance | result |",
-            "|---|---|---|---|---|---|---|",
+            f"| split | metric | baseline | trial | change | {level} interval | tolerance | result |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for split, checks in (("eval", selected["guardrails"]), ("test", test["guardrails"])):
             for g in checks:
                 lines.append(
                     f"| {split} | {g['metric']} | {g['baseline']:.3f} | {g['trial']:.3f} | {g['change']:+.3f} | "
-                    f"{g['tolerance']:.3f} | {'pass' if g['passed'] else 'FAIL'} |"
+                    f"{_interval(g['interval'])} | {g['tolerance']:.3f} | {g['result']} |"
                 )
+    lines += ["", "## Power: the smallest change each split can show", "", *_power_lines(results["power"])]
+    lines += ["", "## What changed", "", *_changed_lines(results, completed)]
     lines += ["", "## Throughput", "", *_throughput_lines(results["trials"])]
     lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
     lines += [
@@ -104,37 +141,97 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _power_lines(power: dict) -> list[str]:
+    """The baseline phase's power table: what the splits could decide before any training."""
+    lines = [
+        f"Estimated after the baseline, before training: {power['method']} ({power['confidence']:.0%}). A "
+        "verdict metric is decidable when both splits can show a change as small as the one asked for.",
+        "",
+        "| metric | role | eval examples | detectable on eval | test examples | detectable on test | asked "
+        "| decidable |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in power["metrics"]:
+        decided = {True: "yes", False: "**no**", None: "-"}[m["decidable"]]
+        if m.get("needed") and m["needed"]["eval"]:
+            decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples)"
+        e, t = m["eval"], m["test"]
+        lines.append(
+            f"| {m['metric']} | {m['role']} | {e['examples']} | {e['detectable']:.3f} | {t['examples']} | "
+            f"{t['detectable']:.3f} | {m['asked']:.3f} | {decided} |"
+        )
+    return lines
+
+
+def _changed_lines(results: dict, completed: list[dict]) -> list[str]:
+    """Per trial on eval and for the test: examples fixed and broken against the baseline, per category, and
+    the first ones each way."""
+    lines = [
+        "Examples whose own score rose (fixed) or fell (broken) against the baseline: correct or not for a "
+        "classifier, valid or not for a format, the share of fields right for an extraction.",
+    ]
+    blocks = [(f"{t['id']} on eval", t["changed"]) for t in completed if t.get("changed")]
+    blocks.append((f"{results['selected']['trial_id']} on the sealed test", results["test"]["changed"]))
+    for title, changed in blocks:
+        groups = changed["per_group"]
+        lines += ["", f"### {title}: {changed['concentration']}", ""]
+        if len(groups) > 1:
+            lines += ["| group | fixed | broken |", "|---|---|---|"]
+            lines += [f"| {g} | {c['fixed']} | {c['broken']} |" for g, c in groups.items()]
+            lines.append("")
+        for way in ("fixed", "broken"):
+            shown = changed["examples"][way][:10]
+            if shown:
+                lines.append(f"First {len(shown)} {way} (of {changed[way]}):")
+                lines += [
+                    f"- row {e['row']} ({e['group']}, {e['before']:.2f} -> {e['after']:.2f}): "
+                    f"{e['excerpt'].replace('|', '/')}"
+                    for e in shown
+                ]
+                lines.append("")
+    return lines
+
+
 def summary_table(results: dict) -> str:
     """The verdict and the trial table, as printed at the end of `rentune run` and by `rentune fetch`."""
     metric = results["hypothesis"]["metric"]
+    level = f"{results['intervals']['confidence']:.0%}"
     base = results["baseline"]["metrics"][metric]
-    lines = [f"{'trial':<20} {'status':<10} {metric:>12} {'gain':>8}  guardrails  budget"]
-    lines.append(f"{'baseline':<20} {'-':<10} {base:>12.3f} {'-':>8}  -           -")
+    head = (
+        f"{'trial':<14} {'status':<10} {metric:>10} {'gain':>7}  {level + ' interval':<18} {'hypothesis':<14} "
+        "guardrails"
+    )
+    lines = [head, f"{'baseline':<14} {'-':<10} {base:>10.3f} {'-':>7}  {'-':<18} {'-':<14} -"]
     for t in results["trials"]:
         value = t["metrics"][metric] if t["metrics"] else None
-        shown = f"{value:>12.3f} {value - base:>+8.3f}" if value is not None else f"{'-':>12} {'-':>8}"
-        guard = "-" if t["guardrails_passed"] is None else "pass" if t["guardrails_passed"] else "FAIL"
+        shown = f"{value:>10.3f} {value - base:>+7.3f}" if value is not None else f"{'-':>10} {'-':>7}"
+        hyp = t["hypothesis"] or {}
         mark = "*" if t["id"] == results["selected"]["trial_id"] else " "
-        lines.append(f"{mark}{t['id']:<19} {t['status']:<10} {shown}  {guard:<10}  {t['budget']['status']}")
+        lines.append(
+            f"{mark}{t['id']:<13} {t['status']:<10} {shown}  {_interval(hyp.get('interval')):<18} "
+            f"{hyp.get('result', '-'):<14} {t['guardrails_result'] or '-'}"
+        )
         if t["reason"]:
-            lines.append(f"{'':<21}{t['reason'][:200]}")
+            lines.append(f"{'':<15}{t['reason'][:200]}")
     selected = next(t for t in results["trials"] if t["id"] == results["selected"]["trial_id"])
     family, names = bar_family(results["hypothesis"]["task"], results["baseline"]["metrics"])
     width = max(len(n) for n in [*names, "metric"])
     lines += [
         "",
         f"{family} on eval: baseline vs {selected['id']}",
-        f"{'metric':<{width}}  baseline  {'trial':>8}  change",
+        f"{'metric':<{width}}  baseline  {'trial':>8}  change  {level + ' interval':<18} guardrail",
     ]
+    checks = {g["metric"]: g["result"] for g in selected["guardrails"]}
     for name in names:
-        before, after = results["baseline"]["metrics"][name], selected["metrics"][name]
-        lines.append(f"{name:<{width}}  {before:>8.3f}  {after:>8.3f}  {after - before:>+6.3f}")
+        c = selected["comparison"][name]
+        lines.append(
+            f"{name:<{width}}  {c['before']:>8.3f}  {c['after']:>8.3f}  {c['change']:>+6.3f}  "
+            f"{_interval(c['interval']):<18} {checks.get(name, '-')}"
+        )
     lines.append("")
     for split in ("eval", "test"):
-        v = results["verdict"][split]
         lines.append(
-            f"{split}: hypothesis {'holds' if v['hypothesis_holds'] else 'does NOT hold'} ({metric} gain "
-            f"{v['gain']:+.3f}); guardrails {'pass' if v['guardrails_passed'] else 'FAIL'}"
+            f"{split}: {_verdict_line(results['verdict'][split], metric, level)}"
             + ("  (sealed test split, opened once)" if split == "test" else "")
         )
     return "\n".join(lines)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import statistics
 from typing import Any, Literal
 
@@ -27,7 +26,7 @@ __all__ = [
     "throughput_summary",
 ]
 
-RESULTS_VERSION = "rentune-results-1"
+RESULTS_VERSION = "rentune-results-2"  # 2: verdicts from paired intervals, power, changed examples
 
 
 class _Strict(BaseModel):
@@ -69,6 +68,9 @@ class ThroughputSummary(_Strict):
     liger: bool
 
 
+Verdict3 = Literal["pass", "fail", "inconclusive"]
+
+
 class TrialResult(_Strict):
     id: str
     reference: str | None
@@ -80,9 +82,11 @@ class TrialResult(_Strict):
     planned_steps: int | None
     budget: Budget
     metrics: dict[str, float] | None  # eval split; None unless completed
-    hypothesis: dict[str, Any] | None
-    guardrails: list[dict[str, Any]]
-    guardrails_passed: bool | None
+    hypothesis: dict[str, Any] | None  # gain, its interval, result: holds / does not hold / inconclusive
+    guardrails: list[dict[str, Any]]  # per metric: change, interval, tolerance, result
+    guardrails_result: Verdict3 | None
+    comparison: dict[str, dict[str, Any]] | None  # every metric against the baseline, with its interval
+    changed: dict[str, Any] | None  # examples fixed and broken against the baseline
     eval_config_sha256: str | None
     losses: list[dict[str, float]]
     eval_losses: list[dict[str, float]]
@@ -128,9 +132,11 @@ def checkpoint_summary(record: dict) -> dict | None:
 
 
 class SplitVerdict(_Strict):
-    hypothesis_holds: bool
+    hypothesis: Literal["holds", "does not hold", "inconclusive"]
     gain: float
-    guardrails_passed: bool
+    interval: list[float]  # of the gain, at `confidence`
+    min_gain: float
+    guardrails: Verdict3
 
 
 class TestResult(_Strict):
@@ -140,6 +146,8 @@ class TestResult(_Strict):
     baseline: dict[str, float]
     trial: dict[str, float]
     guardrails: list[dict[str, Any]]
+    comparison: dict[str, dict[str, Any]]
+    changed: dict[str, Any]
 
 
 class Results(_Strict):
@@ -153,7 +161,10 @@ class Results(_Strict):
     baseline: dict[str, Any]
     trials: list[TrialResult]
     eval_configs_identical: bool
-    selected: dict[str, str]
+    selected: dict[str, Any]  # trial_id, why, runner_up (its paired interval against the selected trial)
+    intervals: dict[str, Any]  # how every interval was computed (method, resamples, confidence, seed, unit)
+    rules: str  # the verdict rules, in words
+    power: dict[str, Any]  # the smallest change eval and test can show per verdict metric, before training
     verdict: dict[Literal["eval", "test"], SplitVerdict]
     test: TestResult
     environment: dict[str, Any]
@@ -173,22 +184,35 @@ def bar_family(task: str, metrics: dict[str, float]) -> tuple[str, list[str]]:
     return family, names
 
 
-def _half_width(p: float, n: int) -> float:
-    """95% normal-approximation half-width of a rate measured on n examples."""
-    return 1.96 * math.sqrt(max(p * (1 - p), 1e-12) / n) if n else float("nan")
-
-
 def limitations(results: dict, train: dict, baseline_method: str) -> list[str]:
     """What a reader should know before trusting the numbers, from what was observed in this run."""
     notes = []
     test, selected = results["test"], results["selected"]["trial_id"]
     metric = results["hypothesis"]["metric"]
-    n = test["examples"]
-    p = test["trial"][metric]
-    notes.append(
-        f"The sealed test split has {n} examples: a rate of {p:.3f} there is uncertain by about "
-        f"+/-{_half_width(p, n):.3f} (95%, normal approximation); smaller differences are not evidence."
-    )
+    level = f"{results['intervals']['confidence']:.0%}"
+    for split in ("eval", "test"):
+        v = results["verdict"][split]
+        if v["hypothesis"] == "inconclusive":
+            low, high = v["interval"]
+            notes.append(
+                f"On {split} the {metric} gain's {level} interval [{low:+.3f}, {high:+.3f}] includes min_gain "
+                f"{v['min_gain']:.3f}: the hypothesis is neither shown nor refuted there; more examples would "
+                "decide it."
+            )
+    for m in results["power"]["metrics"]:
+        if m["decidable"] is False:
+            notes.append(
+                f"Before training, {m['metric']} ({m['role']}) could only show changes larger than "
+                f"{m['eval']['detectable']:.3f} on eval and {m['test']['detectable']:.3f} on test, more than the "
+                f"{m['asked']:.3f} asked: its verdicts may stay inconclusive."
+            )
+    runner_up = results["selected"].get("runner_up")
+    if runner_up and not runner_up["decided"]:
+        low, high = runner_up["interval"]
+        notes.append(
+            f"The selected trial {selected} beats the runner-up {runner_up['trial_id']} on eval by "
+            f"{runner_up['change']:+.3f} [{low:+.3f}, {high:+.3f}]: the choice between them is not decided."
+        )
     if baseline_method == "zero_shot_similarity":
         notes.append(
             "The baseline is the untouched encoder's zero-shot similarity to the category descriptions; a "
@@ -203,8 +227,8 @@ def limitations(results: dict, train: dict, baseline_method: str) -> list[str]:
                 f"Trial {trial['id']} {b['status']} the training budget: {b['done_examples']} examples processed "
                 f"vs {b['reference_examples']} for main; its comparison is not at equal budget."
             )
-        if trial["guardrails_passed"] is False:
-            failed = [g["metric"] for g in trial["guardrails"] if not g["passed"]]
+        if trial["guardrails_result"] == "fail":
+            failed = [g["metric"] for g in trial["guardrails"] if g["result"] == "fail"]
             notes.append(f"Trial {trial['id']} fails guardrails on eval: {', '.join(failed)}.")
     if not results["eval_configs_identical"]:
         notes.append("The trials' stored eval configs differ: their metrics are not directly comparable.")

@@ -102,14 +102,16 @@ class MlflowRuns:
         from mlflow.entities import Metric
 
         while (item := self.queue.get()) is not _END:
-            if self.error is not None:
-                continue  # drain without sending: what follows a failed step must not reach the server
-            metrics, step, when = item
             try:
+                if self.error is not None:
+                    continue  # drain without sending: what follows a failed step must not reach the server
+                metrics, step, when = item
                 batch = [Metric(mlflow_name(name), value, when, step) for name, value in metrics.items()]
                 self.client.log_batch(self.run_id, metrics=batch)
             except Exception as exc:
                 self.error = exc
+            finally:
+                self.queue.task_done()
 
     def log_summary(self, values: dict[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -118,6 +120,11 @@ class MlflowRuns:
         self.client.log_batch(self.run_id, tags=tags)
 
     def log_files(self, files: list[Path]) -> None:
+        # the metrics queued before the files first (at most CLOSE_WAIT_S): a file store reading the run
+        # while the sender writes a metric file finds it empty and refuses the run as malformed
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self.queue.unfinished_tasks and self.sender.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         for path in files:
             self.client.log_artifact(self.run_id, str(path), artifact_path="rentune")
 

@@ -220,6 +220,12 @@ BAD_DATA = [
         "bad.jsonl:3: not valid JSON",
     ),
     (
+        "cluster-field-missing",
+        ['{"text": "a", "label": "x", "doc": 7}', '{"text": "b", "label": "x"}'],
+        {"cluster_field": "doc"},
+        "bad.jsonl:2: field 'doc' (data.cluster_field) is missing; expected a text or number id",
+    ),
+    (
         "lone-surrogate",
         ['{"text": "fine \\ud83d\\ude00", "label": "x"}', '{"text": "broken \\ud800", "label": "x"}'],
         {},
@@ -252,6 +258,16 @@ def test_empty_split_and_category_absent_from_eval(tmp_path, bert):
     no_returns = _write(tmp_path / "eval2.jsonl", [r for r in TICKETS[360:] if r["label"] != "returns"])
     with pytest.raises(DataError, match=r"categories \['returns'\] are absent from the eval split"):
         _run(tmp_path, _spec(bert, {"files": {"train": train, "eval": no_returns, "test": test}}), "b")
+
+
+def test_each_row_keeps_its_cluster_for_the_intervals(tmp_path, bert):
+    rows = [{**row, "thread": f"t{i // 4}"} for i, row in enumerate(TICKETS)]  # 4 messages per thread
+    spec = _spec(bert, {"source": _write(tmp_path / "threads.jsonl", rows), "cluster_field": "thread"})
+    _, ctx, _ = _run(tmp_path, spec)
+    thread = {row["text"]: row["thread"] for row in rows}
+    for split in ("train", "eval", "test"):
+        stored = ctx.read_split(split)
+        assert stored and all(row["cluster"] == thread[row["text"]] for row in stored)
 
 
 def test_the_same_text_in_another_case_is_one_example(tmp_path, bert):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,18 @@ def test_adapted_model_beats_zero_shot_baseline(finished_job):
     adapted = json.loads((job / "trials/main/eval/metrics.json").read_text())
     assert adapted["macro_f1"] > baseline["macro_f1"]
     assert set(adapted["per_category"]) == set(baseline["per_category"]) and len(adapted["per_category"]) == 6
-    assert "*main" in result.stdout and "eval: hypothesis holds (macro_f1 gain +" in result.stdout
+    assert "*main" in result.stdout
+    verdict = json.loads((job / "report/results.json").read_text())["verdict"]["eval"]
+    low, high = verdict["interval"]
+    assert low < verdict["gain"] < high and verdict["gain"] > 0
+    printed = re.search(
+        r"^eval: hypothesis (holds|inconclusive|does not hold): macro_f1 gain \+(\S+), 95% interval \[",
+        result.stdout,
+        re.M,
+    )
+    assert (
+        printed and printed.group(1) == verdict["hypothesis"] and float(printed.group(2)) == round(verdict["gain"], 3)
+    )
     assert "train: step" in result.stdout  # progress shown while training
 
 

@@ -65,7 +65,11 @@ def _final(job: Path) -> dict:
         "selected": results["selected"],
         "trials": {t["id"]: (t["status"], t["steps"], t["metrics"], t["losses"]) for t in results["trials"]},
         "test": (results["test"]["baseline"], results["test"]["trial"]),
-        "verdict": results["verdict"],
+        "verdict": results["verdict"],  # the intervals too: the bootstrap's seed is fixed, resumed or not
+        "comparisons": {t["id"]: (t["comparison"], t["changed"]) for t in results["trials"]},
+        "test_comparison": (results["test"]["comparison"], results["test"]["changed"]),
+        "power": results["power"],
+        "runner_up": results["selected"]["runner_up"],
         "adapter": (job / "export/adapter/adapter_model.safetensors").read_bytes(),
         "binding_trial": json.loads((job / "export/BINDING.json").read_text())["trial_id"],
         "train_loss": {

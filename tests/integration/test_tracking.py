@@ -237,7 +237,12 @@ def test_mlflow_has_one_finished_run_per_trial_with_each_step_once(tracked_job, 
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "rentune")}
         assert {"rentune/report.md", "rentune/loss_curves.png", "rentune/spec.json"} <= artifacts
     selected = [r for r in runs if r.data.tags["rentune.selected"] == "True"]
-    assert len(selected) == 1 and "rentune.verdict.test.hypothesis_holds" in selected[0].data.tags
+    assert len(selected) == 1
+    tags = selected[0].data.tags
+    assert tags["rentune.verdict.test.hypothesis"] in ("holds", "does not hold", "inconclusive")
+    evaluated = json.loads(job.get_bytes("phases/evaluate/result.json"))["trials"]
+    assert tags["rentune.eval.hypothesis"] == evaluated[tags["rentune.trial_id"]]["hypothesis"]["result"]
+    assert {"eval/gain", "eval/gain_low", "eval/gain_high"} <= set(selected[0].data.metrics)
 
 
 def test_wandb_offline_holds_one_run_per_trial_with_each_step_once(tracked_job):

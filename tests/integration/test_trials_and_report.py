@@ -47,7 +47,7 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, 
     spec = tiny_job(
         job_id,
         model,
-        hypothesis={"metric": "macro_f1"},
+        hypothesis={"metric": "macro_f1", "min_gain": 0.02},  # 96 eval examples cannot show 0.02: warned
         guardrails=[{"metric": "f1/*", "tolerance": 1.0}, {"metric": "accuracy", "tolerance": 0.5}],
         training={"microbatch": 16, "seed": 3},
         store=s3_section(endpoint, bucket),
@@ -152,7 +152,34 @@ def test_report_is_valid_against_its_schema_with_plots_and_table(job, tmp_path, 
         Image.open(io.BytesIO(png)).verify()
         assert Image.open(io.BytesIO(png)).size[0] >= 600
     report = store.get_bytes("report/report.md").decode()
-    assert "| trial | reference | change | status | macro_f1 | gain | guardrails | budget |" in report
+    assert (
+        "| trial | reference | change | status | macro_f1 | gain | 95% interval | hypothesis | guardrails | budget |"
+        in report
+    )
+    for section in ("## Power: the smallest change each split can show", "## What changed", "### main on eval: "):
+        assert section in report
+    power = results["power"]["metrics"][0]
+    assert power["metric"] == "macro_f1" and power["decidable"] is False and power["eval"]["detectable"] > 0.02
+    assert "going on (evaluation.underpowered: warn)" in result.stdout
+    runner_up = results["selected"]["runner_up"]
+    assert runner_up["trial_id"] != results["selected"]["trial_id"] and runner_up["trial_id"] in (
+        "main",
+        "lr-high",
+        "longer",
+    )
+    low, high = runner_up["interval"]
+    assert runner_up["decided"] == (low > 0 or high < 0) and f"against the runner-up {runner_up['trial_id']}" in report
+    assert any("macro_f1 (hypothesis) could only show changes larger than" in n for n in results["limitations"])
+    for trial in results["trials"]:
+        if trial["hypothesis"]:
+            low, high = trial["hypothesis"]["interval"]
+            assert low <= trial["hypothesis"]["gain"] <= high and trial["hypothesis"]["result"] in report
+            changed = trial["changed"]
+            assert (
+                changed["fixed"]
+                == len(changed["examples"]["fixed"])
+                == sum(g["fixed"] for g in changed["per_group"].values())
+            )
     for trial in ("main", "lr-high", "wrong-module", "longer"):
         assert f"| {trial}" in report
     assert report.rstrip().splitlines()[-1].startswith("- ")  # ends with the observed limitations
@@ -200,3 +227,23 @@ def test_a_guardrail_on_a_metric_the_job_does_not_compute_stops_it_before_traini
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "guardrails: 'f1/biling': no such metric is computed for this job" in result.stderr
     assert "f1/billing" in result.stderr and "probe: starting" not in result.stdout
+
+
+def test_an_underpowered_job_with_underpowered_fail_stops_after_the_baseline_with_no_trial(tmp_path):
+    model = build_tiny_bert(tmp_path / "bert")
+    spec = yaml.safe_load(_spec(tmp_path, model, "unused", "unused", "small").read_text())
+    spec["evaluation"] = {"underpowered": "fail", "resamples": 2000}
+    spec["store"] = {"uri": f"file://{tmp_path / 'store'}"}
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job = tmp_path / "store/jobs/small"
+    for _ in range(2):  # a second run of the same spec stops at the same place
+        result = rentune("run", str(path), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+        assert "the hypothesis cannot be decided with these splits" in result.stderr
+        assert "on eval (96 examples)" in result.stderr and "stopped before training" in result.stderr
+        assert "examples would decide it" in result.stderr and "probe: starting" not in result.stdout
+        assert (job / "phases/baseline/result.json").is_file() and not (job / "trials").exists()
+    baseline = json.loads((job / "phases/baseline/result.json").read_text())
+    needed = baseline["power"]["metrics"][0]["needed"]["eval"]
+    assert needed > 96 and f"About {needed} eval" in result.stderr
