@@ -186,19 +186,21 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
     table = []
     sizes = Counter(baseline.groups)
     for name, (role, wanted) in asked.items():
+        # the examples a metric counts: its category's or group's (f1/billing, field_accuracy@email), else all;
+        # the test split holds each category in the same share (the split is stratified)
+        group = name.split("/", 1)[-1] if "/" in name else name.split("@", 1)[-1] if "@" in name else None
+        counted = sizes.get(group, n_eval)
         h_eval = math.sqrt(2) * spread(drawn[name], settings.confidence)
         if h_eval == 0:  # the baseline's results do not vary (all wrong, say): only the trial's variance counts,
-            # taken at its widest (a rate near 0.5) over the examples the metric counts
-            group = name.split("/", 1)[-1] if "/" in name else name.split("@", 1)[-1] if "@" in name else None
-            n = sizes.get(group, n_eval)
-            h_eval = detectable_from_size(n, settings.confidence) / math.sqrt(2)
+            # taken at its widest (a rate near 0.5)
+            h_eval = detectable_from_size(counted, settings.confidence) / math.sqrt(2)
         h_test = h_eval * math.sqrt(n_eval / n_test) if n_test else float("nan")
         entry = {
             "metric": name,
             "role": role,
             "asked": wanted,
-            "eval": {"examples": n_eval, "detectable": h_eval},
-            "test": {"examples": n_test, "detectable": h_test},
+            "eval": {"examples": counted, "detectable": h_eval},
+            "test": {"examples": round(counted * n_test / n_eval), "detectable": h_test},
         }
         if role == "hypothesis" and wanted == 0:
             entry["decidable"] = None  # no minimum gain: any gain whose interval clears 0 holds
@@ -206,7 +208,7 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
             entry["decidable"] = None
         else:
             entry["decidable"] = bool(h_eval <= wanted and h_test <= wanted)
-            if not entry["decidable"]:
+            if not entry["decidable"]:  # in all, every category in its share
                 entry["needed"] = {
                     "eval": _needed(n_eval, h_eval, wanted),
                     "test": _needed(n_test, h_test, wanted),
@@ -233,7 +235,7 @@ def power_lines(table: dict) -> list[str]:
         e, t = m["eval"], m["test"]
         decided = {True: "yes", False: "NO", None: "-"}[m["decidable"]]
         if m.get("needed") and m["needed"]["eval"]:
-            decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples needed)"
+            decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples in all)"
         lines.append(
             f"{m['metric']:<28} {e['examples']:>6} {t['examples']:>6} {e['detectable']:>10.3f} /{t['detectable']:>9.3f}"
             f" {m['asked']:>7.3f}  {decided}"

@@ -154,7 +154,7 @@ def _power_lines(power: dict) -> list[str]:
     for m in power["metrics"]:
         decided = {True: "yes", False: "**no**", None: "-"}[m["decidable"]]
         if m.get("needed") and m["needed"]["eval"]:
-            decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples)"
+            decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples in all)"
         e, t = m["eval"], m["test"]
         lines.append(
             f"| {m['metric']} | {m['role']} | {e['examples']} | {e['detectable']:.3f} | {t['examples']} | "

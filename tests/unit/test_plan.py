@@ -17,8 +17,8 @@ from jobspec.plan import AFTER_TRAINING, DEFAULT_BUDGETS, make_plan
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = yaml.safe_load((ROOT / "jobspec/examples/quickstart.yaml").read_text())
 # Pinned here, not taken from the demo's tuning: 288 training tickets x 6 epochs / 16 = 108 steps per trial.
-GOOD["training"]["epochs"] = 6
-GOOD["data"]["source"] = str(ROOT / "examples/data/tickets.jsonl")
+GOOD["training"].update({"epochs": 6, "learning_rate": 0.001})
+GOOD["data"].update({"source": str(ROOT / "examples/data/tickets.jsonl"), "split": {"eval": 0.2, "test": 0.2}})
 
 
 def _spec(**changes):
