@@ -77,3 +77,27 @@ def test_light_commands_load_no_torch_or_transformers(command, store, tmp_path):
 def test_the_probe_sees_heavy_imports(store, tmp_path):
     """The check itself can fail: `env` reports torch's version, so it must load torch."""
     assert "torch" in _modules_loaded("env", cwd=tmp_path)["heavy"]
+
+
+def test_status_shows_each_verdict_with_its_interval_and_an_undecidable_metric(tmp_path):
+    from entrypoint.job.state import dumps, freeze_spec, job_store
+    from entrypoint.job.status import render_status
+    from entrypoint.store import FileStore
+    from jobspec import load_spec
+
+    root = FileStore(tmp_path / "store")
+    loaded = load_spec(ROOT / "jobspec/examples/quickstart.yaml")
+    job = job_store(root, loaded.spec.job.id)
+    freeze_spec(job, loaded)
+    metric = {"eval": {"examples": 120, "detectable": 0.2}, "test": {"examples": 120, "detectable": 0.2}}
+    power = {"metrics": [{"metric": "f1/billing", "role": "guardrail", "asked": 0.15, "decidable": False, **metric}]}
+    job.put_bytes("phases/baseline/result.json", dumps({"seconds": 1.0, "power": power}))
+    hypothesis = {"metric": "macro_f1", "gain": 0.309, "interval": [0.275, 0.345], "result": "holds"}
+    judged = {"hypothesis": hypothesis, "guardrails_result": "pass"}
+    job.put_bytes("phases/evaluate/result.json", dumps({"seconds": 1.0, "trials": {"main": judged}}))
+    tested = {"selected": "main", "hypothesis": {**hypothesis, "gain": -0.05, "interval": [-0.1, 0.0]}}
+    job.put_bytes("phases/test/result.json", dumps({"seconds": 1.0, **tested, "guardrails_result": "inconclusive"}))
+    text = render_status(root, loaded.spec.job.id)
+    assert "eval: macro_f1 +0.309 [+0.275, +0.345]: hypothesis holds; guardrails pass" in text
+    assert "sealed test, main: macro_f1 -0.050 [-0.100, +0.000]: hypothesis holds; guardrails inconclusive" in text
+    assert "power: f1/billing (guardrail) can show changes of 0.200 on eval and 0.200 on test, not the 0.150" in text
