@@ -139,6 +139,8 @@ def power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
     """What `rentune plan` says of power: the hypothesis metric's detectable change on eval and test from the
     split sizes alone, against min_gain."""
     h, level = spec.hypothesis, spec.evaluation.confidence
+    if not counts["eval"] or not counts["test"]:
+        return [f"power: the eval or test split would be empty ({counts['eval']} / {counts['test']} examples)"]
     eval_h, test_h = (detectable_from_size(counts[s], level) for s in ("eval", "test"))
     lines = [
         f"power (from split sizes alone, the widest case: rates near 0.5; the baseline phase measures it): "
@@ -146,9 +148,10 @@ def power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
         f"({counts['test']}) cannot be told from noise at {level:.0%}; min_gain is {h.min_gain:.3f}"
     ]
     if h.min_gain > 0 and max(eval_h, test_h) > h.min_gain:
-        need = math.ceil(counts["eval"] * (max(eval_h, test_h) / h.min_gain) ** 2)
+        z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+        need = math.ceil(0.5 * (z / h.min_gain) ** 2)  # detectable_from_size(need) <= min_gain
         lines.append(
-            f"power: the hypothesis may stay inconclusive: about {need} eval and test examples each would decide "
+            f"power: the hypothesis may stay inconclusive: about {need} eval and {need} test examples would decide "
             f"a gain of min_gain (evaluation.underpowered: {spec.evaluation.underpowered})"
         )
     return lines

@@ -11,8 +11,9 @@ method="percentile")` gives (a unit test compares the two).
     profiles  the distinct per-unit count rows; a resample is how often each profile was drawn
     sums      resample counts @ profiles: each resample's column sums, exact (integers in float64)
 
-Everything is deterministic for a seed: the same draws give the same interval bit for bit on any
-machine (integer sums below 2**53 are exact in float64 whatever order BLAS adds them in).
+Everything is deterministic for a seed: with the same numpy (recorded), the same draws give the same
+interval bit for bit on any machine (integer sums below 2**53 are exact in float64 whatever order BLAS
+adds them in).
 Binary-outcome rates (accuracy, json_valid_rate, ...) also get the exact McNemar p-value: the two-sided
 binomial test of the discordant pairs (examples one system got right and the other wrong).
 """
@@ -27,9 +28,12 @@ from scipy.stats import binomtest
 
 from entrypoint.evaluation.tally import Tally
 
-__all__ = ["Bootstrap", "compare", "mcnemar_p", "percentile_interval", "resample_sums", "spread"]
+__all__ = ["MIN_CLUSTERS", "Bootstrap", "compare", "mcnemar_p", "percentile_interval", "resample_sums", "spread"]
 
 METHOD = "paired-bootstrap-percentile"
+# Fewer clusters than this cannot be resampled into a meaningful interval (with 1 cluster every resample is
+# the data itself): the interval is left undefined (NaN), which every verdict reads as inconclusive.
+MIN_CLUSTERS = 20
 _CHUNK_DRAWS = 1 << 21  # unit draws generated at once (16 MiB of int64): bounded memory at any size
 
 
@@ -49,6 +53,7 @@ class Bootstrap:
             "confidence": self.confidence,
             "seed": self.seed,
             "unit": f"cluster ({cluster_field})" if cluster_field else "example",
+            "numpy": np.__version__,  # the draws of a seed are numpy's: the same intervals with the same numpy
         }
 
 
@@ -116,8 +121,9 @@ def compare(
     clusters: Sequence[str] | None = None,
 ) -> dict[str, dict]:
     """For each metric in `names`: `before`, `after` (the values on all examples), `change` (after - before)
-    and its `interval`; for binary-outcome rates also `mcnemar` (discordant counts and exact p). Both tallies
-    must be of the same examples in the same order."""
+    and its `interval` (NaN with fewer than MIN_CLUSTERS clusters); for binary-outcome rates of independent
+    examples (no clusters) also `mcnemar` (discordant counts and exact p). Both tallies must be of the same
+    examples in the same order."""
     if before.counts.shape[0] != after.counts.shape[0]:
         raise ValueError(
             f"a paired comparison needs the same examples: {before.counts.shape[0]} vs {after.counts.shape[0]}"
@@ -126,18 +132,21 @@ def compare(
     sums = resample_sums(
         np.concatenate([before.counts, after.counts], axis=1), clusters, settings.resamples, settings.seed
     )
-    drawn_before, drawn_after = before.metrics(sums[:, :m]), after.metrics(sums[:, m:])
+    drawn_before, drawn_after = before.metrics(sums[:, :m], resampled=True), after.metrics(sums[:, m:], resampled=True)
+    too_few = clusters is not None and len(set(clusters)) < MIN_CLUSTERS
     point_before, point_after = before.metrics(before.counts.sum(0)), after.metrics(after.counts.sum(0))
     out = {}
     for name in names:
         low, high = percentile_interval(drawn_after[name] - drawn_before[name], settings.confidence)
+        if too_few:
+            low = high = float("nan")
         entry = {
             "before": float(point_before[name]),
             "after": float(point_after[name]),
             "change": float(point_after[name] - point_before[name]),
             "interval": [low, high],
         }
-        if name in before.outcomes:
+        if name in before.outcomes and clusters is None:  # McNemar counts examples as independent pairs
             col, member = before.outcomes[name]
             keep = slice(None) if member is None else before.counts[:, member] == 1
             only_before, only_after, p = mcnemar_p(before.counts[keep, col], after.counts[keep, col])

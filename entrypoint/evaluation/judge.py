@@ -5,11 +5,10 @@ and the examples that changed; and, before training, how small a change the spli
     judge(spec, rows, labels, before, after)     comparison, hypothesis, guardrails, changed examples
     power(spec, baseline tally, sizes)           the smallest change eval and test can show, per verdict metric
 
-The power estimate (documented in docs/verdicts.md): the baseline's own bootstrap spread on eval, times
-sqrt(2) (a trial as variable as the baseline and uncorrelated with it: usually a slight overestimate, as
-a trial agrees with the baseline on many examples), scaled by sqrt(n_eval / n_test) for the test split.
-A baseline whose results do not vary (every answer wrong) says nothing of a trial's spread: then the
-trial's alone is taken at its widest, a rate near 0.5 over the examples the metric counts.
+The power estimate (documented in docs/verdicts.md): the baseline's own bootstrap half-width on eval
+combined, as if independent, with the widest half-width a trial could have (a rate near 0.5 over the
+examples the metric counts: a trial is not measured yet), scaled by sqrt(n_eval / n_test) for the test
+split. Independence overstates the interval when a trial agrees with the baseline on many examples.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from entrypoint.evaluation.bootstrap import Bootstrap, compare, resample_sums, spread
-from entrypoint.evaluation.formats import extraction_report, format_report
+from entrypoint.evaluation.bootstrap import MIN_CLUSTERS, Bootstrap, compare, resample_sums, spread
+from entrypoint.evaluation.procedure import score
 from entrypoint.evaluation.tally import Tally, classification_tally, extraction_tally, format_tally
 from entrypoint.evaluation.verdict import check_guardrails, guardrail_names, hypothesis_verdict, overall
 from jobspec.plan import detectable_from_size
@@ -36,15 +35,14 @@ __all__ = [
     "power",
     "power_lines",
     "tally_of",
-    "verdict_names",
     "versus",
 ]
 
 _EXCERPT = 120  # characters of an example's text shown beside a changed example
-_SHOWN = 10  # changed examples each way in report.md
 
 
 def bootstrap_settings(spec: JobSpec) -> Bootstrap:
+    """The spec's `evaluation:` settings (procedure.eval_config records the same)."""
     e = spec.evaluation
     return Bootstrap(resamples=e.resamples, confidence=e.confidence, seed=e.seed)
 
@@ -55,30 +53,15 @@ def clusters_of(spec: JobSpec, rows: Sequence[dict]) -> list[str] | None:
 
 
 def tally_of(spec: JobSpec, rows: Sequence[dict], outputs: Sequence[str], labels: Sequence[str]) -> Tally:
-    """The task's per-example counts for these outputs (the same definitions as procedure.score)."""
+    """The task's per-example counts for these outputs, from procedure.score's own per-example records."""
     task = spec.hypothesis.task
     if task == "classification":
         return classification_tally([r["label"] for r in rows], outputs, labels)
+    report = score(spec, rows, outputs, labels)
     groups = [r["label"] for r in rows] if len(set(labels)) > 1 else None
     if task == "format":
-        rule = spec.hypothesis.format
-        report = format_report(
-            outputs, json_schema=rule.json_schema, regex=rule.regex, expect_json=rule.expect_json, groups=groups
-        )
         return format_tally(report["examples"], list(report["metrics"]), groups)
-    report = extraction_report(
-        outputs,
-        [json.loads(r["response"]) for r in rows],
-        required_fields=spec.hypothesis.required_fields,
-        fields=spec.hypothesis.fields,
-        groups=groups,
-    )
     return extraction_tally(report["examples"], report["fields"], report["required_fields"], groups)
-
-
-def verdict_names(spec: JobSpec, computed) -> list[str]:
-    """The metrics the verdict uses: the primary one, then every guardrail's."""
-    return list(dict.fromkeys([spec.hypothesis.metric, *guardrail_names(spec.guardrails, computed)]))
 
 
 def excerpt(row: dict) -> str:
@@ -177,23 +160,21 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
     and roughly how many examples would make it small enough."""
     settings = bootstrap_settings(spec)
     computed = baseline.metrics(baseline.counts.sum(0))
-    drawn = baseline.metrics(resample_sums(baseline.counts, clusters_of(spec, rows), settings.resamples, settings.seed))
+    clusters = clusters_of(spec, rows)
+    sums = resample_sums(baseline.counts, clusters, settings.resamples, settings.seed)
+    drawn = baseline.metrics(sums, resampled=True)
+    too_few = clusters is not None and len(set(clusters)) < MIN_CLUSTERS
     n_eval = len(rows)
-    asked = {spec.hypothesis.metric: ("hypothesis", spec.hypothesis.min_gain)}
-    for g in spec.guardrails:
-        for name in guardrail_names([g], computed):
-            asked.setdefault(name, ("guardrail", g.tolerance))
+    asked = [(spec.hypothesis.metric, "hypothesis", spec.hypothesis.min_gain)]
+    asked += [(name, "guardrail", g.tolerance) for g in spec.guardrails for name in guardrail_names([g], computed)]
     table = []
-    sizes = Counter(baseline.groups)
-    for name, (role, wanted) in asked.items():
-        # the examples a metric counts: its category's or group's (f1/billing, field_accuracy@email), else all;
+    for name, role, wanted in asked:
+        counted = baseline.counted[name]  # all examples, or a category's or group's
+        # the baseline's measured half-width and a trial's widest (a rate near 0.5), as if independent
+        widest = detectable_from_size(counted, settings.confidence) / math.sqrt(2)
+        h_eval = math.hypot(spread(drawn[name], settings.confidence), widest)
+        h_eval = float("nan") if too_few else h_eval
         # the test split holds each category in the same share (the split is stratified)
-        group = name.split("/", 1)[-1] if "/" in name else name.split("@", 1)[-1] if "@" in name else None
-        counted = sizes.get(group, n_eval)
-        h_eval = math.sqrt(2) * spread(drawn[name], settings.confidence)
-        if h_eval == 0:  # the baseline's results do not vary (all wrong, say): only the trial's variance counts,
-            # taken at its widest (a rate near 0.5)
-            h_eval = detectable_from_size(counted, settings.confidence) / math.sqrt(2)
         h_test = h_eval * math.sqrt(n_eval / n_test) if n_test else float("nan")
         entry = {
             "metric": name,
@@ -202,10 +183,8 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
             "eval": {"examples": counted, "detectable": h_eval},
             "test": {"examples": round(counted * n_test / n_eval), "detectable": h_test},
         }
-        if role == "hypothesis" and wanted == 0:
-            entry["decidable"] = None  # no minimum gain: any gain whose interval clears 0 holds
-        elif math.isnan(h_eval):
-            entry["decidable"] = None
+        if (role == "hypothesis" and wanted == 0) or math.isnan(h_eval) or math.isnan(h_test):
+            entry["decidable"] = None  # no minimum gain (any gain whose interval clears 0 holds), or no estimate
         else:
             entry["decidable"] = bool(h_eval <= wanted and h_test <= wanted)
             if not entry["decidable"]:  # in all, every category in its share
@@ -215,7 +194,8 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
                 }
         table.append(entry)
     return {
-        "method": "sqrt(2) x the baseline's bootstrap half-width on eval; test scaled by sqrt(n_eval/n_test)",
+        "method": "the baseline's bootstrap half-width on eval and a trial's widest (a rate near 0.5), combined as "
+        "independent; test scaled by sqrt(n_eval/n_test)",
         "confidence": settings.confidence,
         "metrics": table,
     }

@@ -14,8 +14,8 @@ import shutil
 from collections.abc import Sequence
 
 from entrypoint.data.encoding import PREPROCESS_VERSION
+from entrypoint.evaluation.bootstrap import Bootstrap
 from entrypoint.evaluation.formats import FORMATS_VERSION, extraction_report, format_report
-from entrypoint.evaluation.judge import bootstrap_settings
 from entrypoint.evaluation.metrics import METRICS_VERSION, classification_report
 from entrypoint.job.state import trial_result_key
 from entrypoint.kinds import Baseline, JobKind
@@ -49,7 +49,7 @@ def score(spec: JobSpec, rows: Sequence[dict], outputs: Sequence[str], labels: S
 
 def eval_config(spec: JobSpec, kind: JobKind, split: str, data_version: str, base_sha256: str) -> dict:
     """Everything that decides a measurement, for one split. Equal configs = comparable numbers."""
-    task = spec.hypothesis.task
+    task, e = spec.hypothesis.task, spec.evaluation
     return {
         "eval_version": EVAL_VERSION,
         "task": task,
@@ -61,7 +61,7 @@ def eval_config(spec: JobSpec, kind: JobKind, split: str, data_version: str, bas
         "max_length": spec.model.max_length,
         "eval_batch": spec.training.eval_batch,
         "seed": spec.training.seed,
-        "intervals": bootstrap_settings(spec).describe(spec.data.cluster_field),
+        "intervals": Bootstrap(e.resamples, e.confidence, e.seed).describe(spec.data.cluster_field),
         **kind.eval_settings(),
         **({"format": spec.hypothesis.format.model_dump()} if spec.hypothesis.format else {}),
         **(

@@ -8,15 +8,19 @@ resample's metrics; the sums of all rows give the report's own values (a unit te
 that, name by name).
 
     counts  (n, m) int      one row per example
-    metrics(sums)           sums: (..., m) -> {name: (...) values}, the report's names exactly
+    metrics(sums, resampled=False)
+                            sums: (..., m) -> {name: (...) values}, the report's names exactly
+    counted                 per metric, how many examples it counts (all, a category's, a group's): power
     outcomes                binary-outcome metrics (accuracy, json_valid_rate, ...): the column of each
                             example's 0/1 outcome and the column saying which examples count (None: all),
                             for the exact McNemar test on discordant pairs
     scores  (n,) float      each example's own score (correct, valid, share of fields right): what changed
     groups  (n,) str        each example's category or group, for the counts of what changed
 
-A ratio with nothing to count (a group absent from a resample) is NaN; the F1 of a category with no gold
-and no predicted example is 0, as in the report.
+A ratio with nothing to count (a group absent from a resample) is NaN, and NaN draws are left out of an
+interval. The F1 of a category with no gold and no predicted example is 0 in a report; in a resample
+(`resampled=True`) a category with no gold example gets NaN F1 and recall, so that draws which happen to
+miss a small category do not pull its interval towards "no change". Macro-F1 keeps the report's 0.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ __all__ = ["Tally", "classification_tally", "extraction_tally", "format_tally"]
 @dataclass(frozen=True)
 class Tally:
     counts: np.ndarray
-    metrics: Callable[[np.ndarray], dict[str, np.ndarray]]
+    metrics: Callable[..., dict[str, np.ndarray]]
     outcomes: dict[str, tuple[int, int | None]]
     scores: np.ndarray
     groups: list[str]
+    counted: dict[str, int]
 
 
 class _Columns:
@@ -74,10 +79,11 @@ def classification_tally(gold: Sequence[str], pred: Sequence[str], labels: Seque
     correct = (g == p).astype(np.int64)
     counts = np.concatenate([gold_hot, pred_hot, gold_hot * pred_hot, correct[:, None]], axis=1)
 
-    def metrics(sums: np.ndarray) -> dict[str, np.ndarray]:
+    def metrics(sums: np.ndarray, resampled: bool = False) -> dict[str, np.ndarray]:
         gold_c, pred_c, tp_c = sums[..., :c], sums[..., c : 2 * c], sums[..., 2 * c : 3 * c]
         precision, recall = _ratio(tp_c, pred_c, 0.0), _ratio(tp_c, gold_c, 0.0)
         f1 = _ratio(2 * tp_c, gold_c + pred_c, 0.0)  # = 2PR/(P+R), and 0 when tp is 0
+        absent = gold_c == 0 if resampled else np.zeros_like(gold_c, dtype=bool)
         n_all, tp, predicted = gold_c.sum(-1), tp_c.sum(-1), pred_c.sum(-1)
         out = {
             "accuracy": _ratio(sums[..., 3 * c], n_all),
@@ -85,14 +91,16 @@ def classification_tally(gold: Sequence[str], pred: Sequence[str], labels: Seque
             "micro_f1": _ratio(2 * tp, predicted + n_all, 0.0),
         }
         for i, label in enumerate(labels):
-            out[f"f1/{label}"], out[f"precision/{label}"], out[f"recall/{label}"] = (
-                f1[..., i],
-                precision[..., i],
-                recall[..., i],
-            )
+            out[f"f1/{label}"] = np.where(absent[..., i], np.nan, f1[..., i])
+            out[f"recall/{label}"] = np.where(absent[..., i], np.nan, recall[..., i])
+            out[f"precision/{label}"] = precision[..., i]
         return out
 
-    return Tally(counts, metrics, {"accuracy": (3 * c, None)}, correct.astype(float), list(gold))
+    counted = {"accuracy": n, "macro_f1": n, "micro_f1": n}
+    for i, label in enumerate(labels):
+        counted[f"f1/{label}"] = counted[f"recall/{label}"] = int(gold_hot[:, i].sum())
+        counted[f"precision/{label}"] = int(pred_hot[:, i].sum()) or int(gold_hot[:, i].sum())
+    return Tally(counts, metrics, {"accuracy": (3 * c, None)}, correct.astype(float), list(gold), counted)
 
 
 def format_tally(examples: Sequence[dict], metric_names: Sequence[str], groups: Sequence[str] | None) -> Tally:
@@ -110,7 +118,7 @@ def format_tally(examples: Sequence[dict], metric_names: Sequence[str], groups: 
         members[group] = (cols.add(member), cols.add([m and e["valid"] for m, e in zip(member, examples, strict=True)]))
     counts = cols.matrix()
 
-    def metrics(sums: np.ndarray) -> dict[str, np.ndarray]:
+    def metrics(sums: np.ndarray, resampled: bool = False) -> dict[str, np.ndarray]:
         out = {name: _ratio(sums[..., col], sums[..., one]) for name, col in rates.items()}
         for group, (member, ok) in members.items():
             out[f"format_valid_rate/{group}"] = _ratio(sums[..., ok], sums[..., member])
@@ -119,7 +127,9 @@ def format_tally(examples: Sequence[dict], metric_names: Sequence[str], groups: 
     outcomes = {name: (col, None) for name, col in rates.items()}
     outcomes.update({f"format_valid_rate/{g}": (ok, member) for g, (member, ok) in members.items()})
     scores = counts[:, valid].astype(float)
-    return Tally(counts, metrics, outcomes, scores, list(groups) if groups else ["all"] * len(examples))
+    counted = {name: len(examples) for name in rates}
+    counted.update({f"format_valid_rate/{g}": int(counts[:, member].sum()) for g, (member, _) in members.items()})
+    return Tally(counts, metrics, outcomes, scores, list(groups) if groups else ["all"] * len(examples), counted)
 
 
 def extraction_tally(
@@ -151,7 +161,7 @@ def extraction_tally(
         members[group] = (cols.add(member), cols.add(present), cols.add(member * right))
     counts = cols.matrix()
 
-    def metrics(sums: np.ndarray) -> dict[str, np.ndarray]:
+    def metrics(sums: np.ndarray, resampled: bool = False) -> dict[str, np.ndarray]:
         total = sums[..., one]
         out = {name: _ratio(sums[..., col], total) for name, col in binary.items()}
         out["field_accuracy"] = _ratio(sum(sums[..., c] for c in exact), total * nf)
@@ -163,4 +173,7 @@ def extraction_tally(
 
     outcomes = {name: (col, None) for name, col in binary.items()}
     outcomes.update({f"required_present_rate@{g}": (present, member) for g, (member, present, _) in members.items()})
-    return Tally(counts, metrics, outcomes, right / nf, list(groups) if groups else ["all"] * n)
+    counted = {name: n for name in [*binary, "field_accuracy", "field_accuracy_normalized"]}
+    for g, (member, _, _) in members.items():
+        counted[f"required_present_rate@{g}"] = counted[f"field_accuracy@{g}"] = int(counts[:, member].sum())
+    return Tally(counts, metrics, outcomes, right / nf, list(groups) if groups else ["all"] * n, counted)

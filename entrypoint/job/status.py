@@ -115,14 +115,14 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
             reason = (record.get("reason") or "")[:100]
             lines.append(f"{trial.id:<20} {record['status']:<10} {record.get('steps', 0):>7}  {reason}")
         scored = evaluated["trials"].get(trial.id, {})
-        if scored.get("hypothesis"):
+        if (scored.get("hypothesis") or {}).get("interval"):  # not a point verdict of an earlier rentune
             lines.append(f"{'':<20} eval: {_verdict(scored)}")
         runs = _json(store, tracking_key(trial.id)) if spec.tracking.enabled else None
         if runs:
             lines.append(f"{'':<20} tracking: {_runs(runs)}")
     lines.append("(* = newest committed checkpoint)")
     tested = read_result(store, "test")
-    if tested:
+    if tested and tested["hypothesis"].get("interval"):
         lines.append(f"sealed test, {tested['selected']}: {_verdict(tested)}")
     lines += ["", "attempts:"]
     for n in attempt_numbers(store):

@@ -4,6 +4,7 @@ phases committed. Pure bookkeeping: no model is loaded, so it is cheap to run ag
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
+from entrypoint.errors import InvalidInput
 from entrypoint.evaluation.verdict import RULES
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
@@ -31,6 +32,13 @@ def run(ctx: PhaseContext) -> dict:
     evaluated = ctx.read_json("phases/evaluate/result.json")
     test = ctx.read_json("phases/test/result.json")
     selected = evaluated["selected"]
+    if "runner_up" not in evaluated or "comparison" not in test:
+        raise InvalidInput(
+            "report: phases/evaluate and phases/test were committed by an earlier rentune that compared point "
+            "estimates; their stored predictions remain. Delete phases/evaluate/result.json and "
+            "phases/test/result.json (and the test's seal, sealed-tests/..., or pass --reopen-test) to judge them "
+            "again with intervals, or run the spec under a new job.id"
+        )
 
     trials, configs = [], []
     records = {}

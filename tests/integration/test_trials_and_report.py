@@ -172,8 +172,10 @@ def test_report_is_valid_against_its_schema_with_plots_and_table(job, tmp_path, 
     assert any("macro_f1 (hypothesis) could only show changes larger than" in n for n in results["limitations"])
     for trial in results["trials"]:
         if trial["hypothesis"]:
-            low, high = trial["hypothesis"]["interval"]
-            assert low <= trial["hypothesis"]["gain"] <= high and trial["hypothesis"]["result"] in report
+            h = trial["hypothesis"]
+            row = next(line for line in report.splitlines() if line.startswith(f"| {trial['id']}"))
+            interval = f"[{h['interval'][0]:+.3f}, {h['interval'][1]:+.3f}]"
+            assert f"| {interval} | {h['result']} | {trial['guardrails_result']} |" in row, row
             changed = trial["changed"]
             assert (
                 changed["fixed"]

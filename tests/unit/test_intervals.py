@@ -153,3 +153,27 @@ def test_mcnemar_counts_discordant_pairs_and_gives_the_exact_binomial_p():
     entry = compare(b, t, ["accuracy", "macro_f1"], Bootstrap(resamples=1000))
     assert entry["accuracy"]["mcnemar"] == {"only_before": 10, "only_after": 3, "p": p}
     assert "mcnemar" not in entry["macro_f1"]  # not a rate of binary outcomes
+
+
+def test_too_few_clusters_give_no_interval_and_no_mcnemar():
+    rng = np.random.default_rng(2)
+    base = ["a" if x else "b" for x in rng.random(200) < 0.5]
+    trial = ["a" if x else "b" for x in rng.random(200) < 0.7]
+    gold = ["a"] * 200
+    b, t = classification_tally(gold, base, ["a", "b"]), classification_tally(gold, trial, ["a", "b"])
+    for clusters in (["one"] * 200, [f"c{i % 3}" for i in range(200)]):
+        entry = compare(b, t, ["accuracy"], Bootstrap(resamples=1000), clusters=clusters)["accuracy"]
+        assert all(np.isnan(entry["interval"])) and "mcnemar" not in entry  # read as inconclusive
+    many = compare(b, t, ["accuracy"], Bootstrap(resamples=1000), clusters=[f"c{i % 40}" for i in range(200)])
+    assert not any(np.isnan(many["accuracy"]["interval"])) and "mcnemar" not in many["accuracy"]
+
+
+def test_a_small_category_broken_entirely_fails_instead_of_drawing_zeros_from_resamples_that_miss_it():
+    labels = ["big", "small"]
+    gold = ["big"] * 197 + ["small"] * 3
+    before = list(gold)  # the baseline gets everything right
+    after = ["big"] * 200  # the trial breaks all 3 small examples
+    b, t = classification_tally(gold, before, labels), classification_tally(gold, after, labels)
+    entry = compare(b, t, ["f1/small", "recall/small"], Bootstrap(resamples=4000, seed=0))
+    # resamples without a small example say nothing of it: left out, not counted as "no change"
+    assert entry["f1/small"]["interval"] == [-1.0, -1.0] and entry["recall/small"]["interval"] == [-1.0, -1.0]

@@ -96,8 +96,11 @@ def test_status_shows_each_verdict_with_its_interval_and_an_undecidable_metric(t
     judged = {"hypothesis": hypothesis, "guardrails_result": "pass"}
     job.put_bytes("phases/evaluate/result.json", dumps({"seconds": 1.0, "trials": {"main": judged}}))
     tested = {"selected": "main", "hypothesis": {**hypothesis, "gain": -0.05, "interval": [-0.1, 0.0]}}
+    tested["hypothesis"]["result"] = "does not hold"
     job.put_bytes("phases/test/result.json", dumps({"seconds": 1.0, **tested, "guardrails_result": "inconclusive"}))
     text = render_status(root, loaded.spec.job.id)
     assert "eval: macro_f1 +0.309 [+0.275, +0.345]: hypothesis holds; guardrails pass" in text
-    assert "sealed test, main: macro_f1 -0.050 [-0.100, +0.000]: hypothesis holds; guardrails inconclusive" in text
+    assert (
+        "sealed test, main: macro_f1 -0.050 [-0.100, +0.000]: hypothesis does not hold; guardrails inconclusive" in text
+    )
     assert "power: f1/billing (guardrail) can show changes of 0.200 on eval and 0.200 on test, not the 0.150" in text
