@@ -151,9 +151,9 @@ def run(
     spec: Path, store_uri: str | None, workdir: Path, until: str | None, reopen_test: str | None, node_rank: int
 ) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
+    from entrypoint.follower import follow_lead
     from entrypoint.runner import run_job, store_args
     from entrypoint.training.environment import quiet_libraries
-    from entrypoint.training.nodes import follow_lead
 
     quiet_libraries()
     with _exits():

@@ -23,11 +23,12 @@ from entrypoint.context import PhaseContext
 from entrypoint.errors import Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan
-from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json
+from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
+from entrypoint.store import ObjectExists, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
 from entrypoint.training.environment import environment
+from entrypoint.training.model import match_base_model
 from jobspec.load import LoadedSpec
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "check_power",
     "run_job",
     "store_args",
-    "verify_base_model",
 ]
 
 PHASES: list[tuple[str, Callable[[PhaseContext], dict]]] = [
@@ -227,43 +227,9 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
         _store_plan(ctx)
 
 
-BASE_MODEL_KEY = "base_model.json"  # the base model's hashes, recorded by the job's first use of it
-
-
 def check_base_model(ctx: PhaseContext) -> None:
-    """This node's copy of the base model must be the one the job started with (verify_base_model)."""
-    verify_base_model(ctx.store, ctx.spec, ctx.model_dir, record=True)
-
-
-def verify_base_model(store: Store, spec, model_dir: Path, record: bool) -> None:
-    """Record the base model's sha256 (and each weight file's) at the job's first use of it (`record`),
-    compare at every later one. A copy that differs raises ModelMismatch (exit 3) naming the files, before
-    anything runs on it. The weights are hashed once per process (hash_base_model caches)."""
-    from entrypoint.store.models import ModelMismatch
-    from entrypoint.training.model import hash_base_model
-
-    mine = hash_base_model(model_dir)
-    entry = {"sha256": mine.sha256, "files": mine.files, "source": spec.model.model_dump(exclude_none=True)}
-    if record:
-        try:
-            store.put_if_absent(BASE_MODEL_KEY, dumps(entry))
-            return
-        except ObjectExists:  # an earlier process recorded it: compare
-            pass
-    try:
-        recorded = read_json(store, BASE_MODEL_KEY)
-    except ObjectNotFound:  # nothing recorded yet (record=False): the lead records it first
-        return
-    if recorded.get("sha256") == mine.sha256:
-        return
-    theirs = recorded.get("files") or {}
-    differ = sorted(n for n in set(theirs) | set(mine.files) if theirs.get(n) != mine.files.get(n))
-    raise ModelMismatch(
-        f"model: this node's copy of the base model ({model_dir}, sha256 {mine.sha256[:16]}...) is not the "
-        f"one job {spec.job.id} started with (sha256 {str(recorded.get('sha256'))[:16]}...); files that "
-        f"differ: {', '.join(differ[:10])}. Refusing to go on with it: restore that copy of the model, or "
-        "clear this node's model cache (RENTUNE_MODEL_CACHE) if it came from a bucket"
-    )
+    """This node's copy of the base model must be the one the job started with (training/model.py: match_base_model)."""
+    match_base_model(ctx.store, ctx.spec, ctx.model_dir, record=True)
 
 
 def _store_plan(ctx: PhaseContext) -> None:

@@ -22,6 +22,7 @@ from entrypoint.store.objects import CorruptObject, read_json
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
 __all__ = [
+    "BASE_MODEL_KEY",
     "PHASE_NAMES",
     "JobConflict",
     "dumps",
@@ -38,6 +39,8 @@ __all__ = [
     "trial_result_key",
     "worker_result_key",
 ]
+
+BASE_MODEL_KEY = "base_model.json"  # the base model's hashes, recorded by the job's first use of it
 
 # The phases in the order the runner runs them (runner.PHASES binds each name to its module).
 PHASE_NAMES = ("data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export")

@@ -32,6 +32,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.packing import step_rows
 from entrypoint.data.tokens import features_of, token_counts
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
+from entrypoint.job.launches import announce_launch, end_launch
 from entrypoint.job.state import commit_status_key, dumps, to_jsonl, trial_result_key, worker_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest, list_steps
@@ -50,7 +51,6 @@ from entrypoint.training.distributed import (
 from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.memory import is_oom
 from entrypoint.training.model import adaptation_summary, hash_base_model
-from entrypoint.training.nodes import announce_launch, end_launch
 from entrypoint.training.throughput import CountingCollator, ThroughputMeter, flops_per_token, peak_flops
 from entrypoint.training.trainer import (
     DivergenceCallback,

@@ -18,7 +18,10 @@ from pathlib import Path
 import torch
 
 from entrypoint.errors import InvalidInput
+from entrypoint.job.state import BASE_MODEL_KEY, dumps, read_json
+from entrypoint.store import ObjectExists, ObjectNotFound, Store
 from entrypoint.store.hashing import file_sha256, weights_sha256
+from entrypoint.store.models import ModelMismatch
 from jobspec.schema import Adaptation, Model
 from jobspec.schema import Store as StoreOptions
 
@@ -31,6 +34,7 @@ __all__ = [
     "classifier_options",
     "convert_gguf",
     "hash_base_model",
+    "match_base_model",
     "load_adapter",
     "load_encoder",
     "resolve_model_dir",
@@ -181,6 +185,34 @@ def _hash_files(folder: Path, signature: tuple) -> BaseModelHash:
     if a file's size or modification time changed (the signature)."""
     files = {Path(path).relative_to(folder).as_posix(): file_sha256(Path(path)) for path, _, _ in signature}
     return BaseModelHash(sha256=weights_sha256(files), files=files)
+
+
+def match_base_model(store: Store, spec, model_dir: Path, record: bool) -> None:
+    """Record the base model's sha256 (and each weight file's) at the job's first use of it (`record`),
+    compare at every later one. A copy that differs raises ModelMismatch (exit 3) naming the files, before
+    anything runs on it. The weights are hashed once per process (hash_base_model caches)."""
+    mine = hash_base_model(model_dir)
+    entry = {"sha256": mine.sha256, "files": mine.files, "source": spec.model.model_dump(exclude_none=True)}
+    if record:
+        try:
+            store.put_if_absent(BASE_MODEL_KEY, dumps(entry))
+            return
+        except ObjectExists:  # an earlier process recorded it: compare
+            pass
+    try:
+        recorded = read_json(store, BASE_MODEL_KEY)
+    except ObjectNotFound:  # nothing recorded yet (record=False): the lead records it first
+        return
+    if recorded.get("sha256") == mine.sha256:
+        return
+    theirs = recorded.get("files") or {}
+    differ = sorted(n for n in set(theirs) | set(mine.files) if theirs.get(n) != mine.files.get(n))
+    raise ModelMismatch(
+        f"model: this node's copy of the base model ({model_dir}, sha256 {mine.sha256[:16]}...) is not the "
+        f"one job {spec.job.id} started with (sha256 {str(recorded.get('sha256'))[:16]}...); files that "
+        f"differ: {', '.join(differ[:10])}. Refusing to go on with it: restore that copy of the model, or "
+        "clear this node's model cache (RENTUNE_MODEL_CACHE) if it came from a bucket"
+    )
 
 
 def load_encoder(folder: Path) -> torch.nn.Module:

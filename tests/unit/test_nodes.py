@@ -8,11 +8,12 @@ import time
 
 import pytest
 
+from entrypoint import follower
 from entrypoint.errors import Interrupted
+from entrypoint.follower import LeadStopped, follow_lead
+from entrypoint.job.launches import LAUNCH_KEY, announce_launch, end_launch
 from entrypoint.job.state import dumps, job_store, phase_result_key
 from entrypoint.store import open_store
-from entrypoint.training import nodes
-from entrypoint.training.nodes import LAUNCH_KEY, LeadStopped, announce_launch, end_launch, follow_lead
 
 
 def _follow(root, tmp_path, lines, wait_s=30.0):
@@ -79,8 +80,8 @@ def test_an_ended_launch_is_not_joined(tmp_path, monkeypatch):
     store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
     end_launch(store, announce_launch(store, "main", 1))
     joined = []
-    monkeypatch.setattr(nodes, "_join", lambda *args: joined.append(args))
-    monkeypatch.setattr(nodes, "_check_model", lambda *args: None)
+    monkeypatch.setattr(follower, "_join", lambda *args: joined.append(args))
+    monkeypatch.setattr(follower, "_check_model", lambda *args: None)
     with pytest.raises(LeadStopped, match="no new training launch"):
         _follow(root, tmp_path, [], wait_s=0.3)
     assert not joined
@@ -101,7 +102,7 @@ def test_training_committed_between_two_looks_is_done_not_a_stopped_lead(tmp_pat
     root = open_store(f"file://{tmp_path / 'store'}")
     store = job_store(root, "j")
     store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
-    ended, looks = nodes._ended, []
+    ended, looks = follower.attempt_ended, []
 
     def lead_finishes_meanwhile(store_, attempt):
         looks.append(attempt)
@@ -113,6 +114,6 @@ def test_training_committed_between_two_looks_is_done_not_a_stopped_lead(tmp_pat
         return ended(store_, attempt)
 
     lines: list[str] = []
-    monkeypatch.setattr(nodes, "_ended", lead_finishes_meanwhile)
+    monkeypatch.setattr(follower, "attempt_ended", lead_finishes_meanwhile)
     _follow(root, tmp_path, lines)
     assert len(looks) >= 2 and lines[-1].startswith("node 1: training is done")

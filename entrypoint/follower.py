@@ -21,46 +21,24 @@ from __future__ import annotations
 import shutil
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.attempts import attempt_numbers
-from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, stored_spec, trial_result_key
-from entrypoint.store import ObjectNotFound, Store
+from entrypoint.job.launches import attempt_ended, newest_launch
+from entrypoint.job.state import job_store, phase_result_key, stored_spec, trial_result_key
+from entrypoint.store import Store
 from entrypoint.training.distributed import run_torchrun, torchrun_command
+from entrypoint.training.model import match_base_model, resolve_model_dir
 
-__all__ = ["LAUNCH_KEY", "LeadStopped", "announce_launch", "end_launch", "follow_lead"]
+__all__ = ["LeadStopped", "follow_lead"]
 
-LAUNCH_KEY = "train/launch.json"  # the lead's newest torchrun launch, in the job's store
 POLL_S = 2.0
 
 
 class LeadStopped(RuntimeError):
     """The lead node's attempt ended before training was done: nothing left for this node to join."""
-
-
-def announce_launch(store: Store, trial_id: str, attempt: int) -> str:
-    """Tell the other nodes the lead is about to start torchrun for `trial_id`; returns the launch id,
-    which is also the rendezvous id (agents of another launch never join this one)."""
-    launch_id = uuid.uuid4().hex[:16]
-    store.put_bytes(LAUNCH_KEY, dumps({"trial": trial_id, "launch": launch_id, "attempt": attempt, "at": time.time()}))
-    return launch_id
-
-
-def end_launch(store: Store, launch_id: str) -> None:
-    """torchrun of launch `launch_id` has returned on the lead: mark it, so that no node joins it late."""
-    launch = _launch(store)
-    if launch and launch.get("launch") == launch_id:
-        store.put_bytes(LAUNCH_KEY, dumps({**launch, "ended": True}))
-
-
-def _ended(store: Store, attempt: int) -> dict | None:
-    try:
-        return read_json(store, f"attempts/{attempt}/ended.json")
-    except ObjectNotFound:
-        return None
 
 
 def follow_lead(
@@ -93,15 +71,15 @@ def follow_lead(
 
 
 def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop) -> None:
-    ended_before = {n for n in attempt_numbers(store) if _ended(store, n) is not None}
+    ended_before = {n for n in attempt_numbers(store) if attempt_ended(store, n) is not None}
     idle_since, joined, model_checked = time.monotonic(), set(), False
     while not stop:
         if store.head(phase_result_key("train")) is not None:
             log(f"node {node}: training is done; the lead node runs the remaining phases. Exiting.")
             return
         current = max(attempt_numbers(store), default=0)
-        launch = _launch(store)
-        if current and current not in ended_before and (ended := _ended(store, current)) is not None:
+        launch = newest_launch(store)
+        if current and current not in ended_before and (ended := attempt_ended(store, current)) is not None:
             if store.head(phase_result_key("train")) is not None:  # committed just before the attempt ended
                 continue
             _lead_ended(node, current, ended, log)
@@ -143,18 +121,8 @@ def _lead_ended(node: int, attempt: int, ended: dict, log) -> None:
 def _check_model(store: Store, node: int, workdir: Path, log) -> None:
     """This node's base model (downloaded now if it comes from a bucket or the hub) must be the one the
     job started with."""
-    from entrypoint.runner import verify_base_model
-    from entrypoint.training.model import resolve_model_dir
-
     spec = stored_spec(store).spec
-    verify_base_model(store, spec, resolve_model_dir(spec.model, spec.store, log), record=False)
-
-
-def _launch(store: Store) -> dict | None:
-    try:
-        return read_json(store, LAUNCH_KEY)
-    except ObjectNotFound:
-        return None
+    match_base_model(store, spec, resolve_model_dir(spec.model, spec.store, log), record=False)
 
 
 def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log) -> None:
