@@ -30,7 +30,7 @@ class PhaseContext:
     store: Store  # confined to jobs/<job_id>/
     workdir: Path  # local scratch for this process; may be empty on a fresh node
     log: Callable[[str], None]
-    store_args: tuple[str, ...] = ()  # how a subprocess reopens this job's store (training/worker.py)
+    store_args: tuple[str, ...] = ()  # how a subprocess reopens this job's store (processes/rank.py, processes/recheck.py)
     root: Store | None = None  # the whole store: the sealed-test record spans jobs
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
     clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one

@@ -128,8 +128,8 @@ def _check_model(store: Store, node: int, workdir: Path, log) -> None:
 def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log) -> None:
     spec = stored_spec(store).spec
     trial = launch["trial"]
-    args = [*store_args, "--workdir", str(workdir / "workers"), "--trial", trial]
-    shutil.rmtree(workdir / "workers", ignore_errors=True)  # the workers' scratch is fresh for each launch
+    args = [*store_args, "--workdir", str(workdir / "ranks"), "--trial", trial]
+    shutil.rmtree(workdir / "ranks", ignore_errors=True)  # the ranks' scratch is fresh for each launch
     log(f"node {node}: joining the lead's launch {launch['launch']} (trial {trial})")
     code, terminated = run_torchrun(
         torchrun_command(spec.distribution, args, rdzv_id=launch["launch"]),

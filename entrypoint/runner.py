@@ -188,7 +188,7 @@ def run_job(
 
 
 def store_args(root: Store, job_id: str) -> tuple[str, ...]:
-    """How a subprocess (torchrun worker, verify) reopens this job's store: as it was opened, not as the
+    """How a subprocess (a torchrun rank, the recheck process) reopens this job's store: as it was opened, not as the
     spec says."""
     args = ["--store", root.uri, "--job", job_id]
     for flag, value in getattr(root, "reopen_flags", {}).items():
@@ -221,7 +221,7 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
     result["seconds"] = round(time.monotonic() - started, 3)
     try:
         ctx.store.put_if_absent(phase_result_key(name), dumps(result))
-    except ObjectExists:  # another process (another node, a second worker) committed it first
+    except ObjectExists:  # another process (another node, a second queue worker) committed it first
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
     if name in ("data", "probe"):  # new measurements: training examples, step time
         _store_plan(ctx)

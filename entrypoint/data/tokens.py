@@ -37,7 +37,7 @@ __all__ = [
     "TOKENS_FORMAT",
     "TokenizedSplit",
     "encoder_pool",
-    "tokenize_workers",
+    "tokenize_processes",
     "features_of",
     "full_lengths",
     "token_counts",
@@ -89,9 +89,9 @@ def open_tokens(store, record: dict, split: str, workdir: Path, log: Callable[[s
     return TokenizedSplit(path)
 
 
-def tokenize_workers(rows: int) -> int:
+def tokenize_processes(rows: int) -> int:
     """Processes that tokenize `rows` examples: RENTUNE_TOKENIZE_WORKERS if set, else one below
-    PARALLEL_FROM rows (starting a worker costs seconds), else one per core up to 8."""
+    PARALLEL_FROM rows (starting a process costs seconds), else one per core up to 8."""
     if os.environ.get("RENTUNE_TOKENIZE_WORKERS"):
         return max(1, int(os.environ["RENTUNE_TOKENIZE_WORKERS"]))
     return 1 if rows < PARALLEL_FROM else max(1, min(8, len(os.sched_getaffinity(0))))
@@ -100,44 +100,44 @@ def tokenize_workers(rows: int) -> int:
 class Encoders:
     """Worker processes that encode chunks of rows (see encoder_pool)."""
 
-    def __init__(self, pool, workers: int):
-        self.pool, self.workers = pool, workers
+    def __init__(self, pool, processes: int):
+        self.pool, self.processes = pool, processes
 
     def map(self, parts: Iterator[Sequence[dict]]) -> Iterator[list[Encoded]]:
-        """Each part encoded, in order, with at most two parts per worker in flight (Pool.imap would queue
+        """Each part encoded, in order, with at most two parts per process in flight (Pool.imap would queue
         every part at once and buffer results the writer has not taken yet)."""
         pending: collections.deque = collections.deque()
         for part in parts:
-            pending.append(self.pool.apply_async(_encode_in_worker, (part,)))
-            if len(pending) >= 2 * self.workers:
+            pending.append(self.pool.apply_async(_encode_in_process, (part,)))
+            if len(pending) >= 2 * self.processes:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
 
 
 @contextmanager
-def encoder_pool(spec, model_dir: Path, labels: Sequence[str], workers: int) -> Iterator[Encoders | None]:
-    """`workers` processes that each load the kind's processor once and encode chunks of rows (None for
-    one worker: the caller encodes in its own process). Each worker dies with its parent (Linux
+def encoder_pool(spec, model_dir: Path, labels: Sequence[str], processes: int) -> Iterator[Encoders | None]:
+    """`processes` processes that each load the kind's processor once and encode chunks of rows (None for
+    one process: the caller encodes in its own process). Each dies with its parent (Linux
     PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind; the pool is closed on exit."""
-    if workers <= 1:
+    if processes <= 1:
         yield None
         return
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec, str(model_dir), list(labels)))
+    pool = multiprocessing.get_context("spawn").Pool(processes, _start_process, (spec, str(model_dir), list(labels)))
     try:
-        yield Encoders(pool, workers)
+        yield Encoders(pool, processes)
     finally:
         pool.terminate()
         pool.join()
 
 
-_worker_encode: Callable[[Sequence[dict]], list[Encoded]] | None = None
+_process_encode: Callable[[Sequence[dict]], list[Encoded]] | None = None
 
 
-def _start_worker(spec, model_dir: str, labels: list[str]) -> None:
-    global _worker_encode
+def _start_process(spec, model_dir: str, labels: list[str]) -> None:
+    global _process_encode
     with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the pool's own cleanup
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
@@ -145,11 +145,11 @@ def _start_worker(spec, model_dir: str, labels: list[str]) -> None:
 
     kind = kind_for(spec)
     processor = kind.processor(Path(model_dir))
-    _worker_encode = lambda rows: kind.encode(processor, rows, labels)  # noqa: E731
+    _process_encode = lambda rows: kind.encode(processor, rows, labels)  # noqa: E731
 
 
-def _encode_in_worker(rows: Sequence[dict]) -> list[Encoded]:
-    return _worker_encode(rows)
+def _encode_in_process(rows: Sequence[dict]) -> list[Encoded]:
+    return _process_encode(rows)
 
 
 def tokenize(
@@ -159,7 +159,7 @@ def tokenize(
     log: Callable[[str], None],
     pool: Encoders | None = None,
 ) -> Iterator[list[Encoded]]:
-    """`rows` encoded CHUNK at a time, in order (by `pool`'s workers when given, else by `encode` here),
+    """`rows` encoded CHUNK at a time, in order (by `pool`'s processes when given, else by `encode` here),
     with a progress line (rows tokenized, rate) after each chunk once the work takes longer than a few
     seconds."""
     started, last = time.monotonic(), time.monotonic()

@@ -32,12 +32,12 @@ __all__ = [
     "phase_result_key",
     "read_json",
     "read_jsonl",
+    "rank_result_key",
     "read_result",
     "stored_spec",
     "to_jsonl",
     "tracking_key",
     "trial_result_key",
-    "worker_result_key",
 ]
 
 BASE_MODEL_KEY = "base_model.json"  # the base model's hashes, recorded by the job's first use of it
@@ -73,7 +73,7 @@ def commit_status_key(trial_id: str) -> str:
     return f"trials/{trial_id}/commit-status.json"
 
 
-def worker_result_key(trial_id: str) -> str:
+def rank_result_key(trial_id: str) -> str:
     """Written by torchrun's rank 0 for the launching process."""
     return f"trials/{trial_id}/train_result.json"
 
@@ -133,7 +133,7 @@ def freeze_spec(store: Store, loaded: LoadedSpec) -> None:
 
 
 def stored_spec(store: Store) -> LoadedSpec:
-    """The job's frozen spec, as every process after the first (workers, verify, status) reads it.
+    """The job's frozen spec, as every process after the first (torchrun ranks, the recheck process, status) reads it.
     Raises ObjectNotFound, or CorruptObject naming the object when it is no longer a valid spec."""
     where = f"{store.uri}/spec.yaml"
     try:

@@ -33,7 +33,7 @@ from entrypoint.data.tokens import (
     TokenizedSplit,
     encoder_pool,
     tokenize,
-    tokenize_workers,
+    tokenize_processes,
     tokens_key,
     tokens_store_key,
     write_tokens,
@@ -139,10 +139,10 @@ def store_tokens(
     folder = ctx.workdir / "tokens" / key
     folder.mkdir(parents=True, exist_ok=True)
     encoded, files = {}, {}
-    workers = tokenize_workers(sum(len(rows) for rows in canonical.values()))
-    with encoder_pool(ctx.spec, ctx.model_dir, labels, workers) as pool:
+    processes = tokenize_processes(sum(len(rows) for rows in canonical.values()))
+    with encoder_pool(ctx.spec, ctx.model_dir, labels, processes) as pool:
         if pool is not None:
-            ctx.log(f"data: tokenizing in {workers} processes")
+            ctx.log(f"data: tokenizing in {processes} processes")
         for name, rows in canonical.items():
             path = folder / f"{name}.arrow"
             chunks = tokenize(lambda part: ctx.kind.encode(processor, part, labels), rows, name, ctx.log, pool)

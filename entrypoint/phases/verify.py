@@ -1,6 +1,7 @@
 """Verify phase: before anything is exported, a fresh process (a real subprocess, sharing nothing with the
 trainer but the store) downloads the selected trial's final checkpoint, verifies its manifest, reloads the
-model and re-runs the eval split (entrypoint/evaluation/verify_worker.py). Its metrics must equal those of the outputs
+model and re-runs the eval split (the recheck process,
+entrypoint/processes/recheck.py). Its metrics must equal those of the outputs
 recorded at the end of training within VERIFY_TOLERANCE, or the job fails loudly and nothing is exported.
 """
 
@@ -30,7 +31,7 @@ def run(ctx: PhaseContext) -> dict:
     command = [
         sys.executable,
         "-m",
-        "entrypoint.evaluation.verify_worker",
+        "entrypoint.processes.recheck",
         *ctx.store_args,
         "--workdir",
         str(ctx.workdir / "verify"),

@@ -1,10 +1,10 @@
 """Multi-process training through torchrun, never a home-made launcher.
 
-When the spec asks for more than one process and this process is not already a torchrun worker, the train
-phase runs `torchrun ... -m entrypoint.training.worker` and waits for it. Each worker rebuilds the job context
+When the spec asks for more than one process and this process is not already a torchrun rank, the train
+phase runs `torchrun ... -m entrypoint.processes.rank` and waits for it. Each rank rebuilds the job context
 from the store (the frozen spec lives there), the HF Trainer shards the data per rank (DistributedSampler),
 and only global rank 0 commits checkpoints and results. SIGTERM to this process is forwarded to torchrun,
-which forwards it to the workers, which finish their step and commit.
+which forwards it to the ranks, which finish their step and commit.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jobspec.schema import Distribution
 
 __all__ = [
     "deepspeed_config",
-    "is_worker",
+    "is_rank",
     "needs_launch",
     "node_count",
     "node_rank",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def is_worker() -> bool:
+def is_rank() -> bool:
     """True inside a process started by torchrun."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -52,7 +52,7 @@ def node_count() -> int:
 
 
 def needs_launch(distribution: Distribution) -> bool:
-    return (distribution.nproc_per_node > 1 or distribution.nnodes > 1) and not is_worker()
+    return (distribution.nproc_per_node > 1 or distribution.nnodes > 1) and not is_rank()
 
 
 def rendezvous_endpoint(distribution: Distribution) -> str:
@@ -70,7 +70,7 @@ def rendezvous_endpoint(distribution: Distribution) -> str:
     return endpoint
 
 
-def torchrun_command(distribution: Distribution, worker_args: Sequence[str], rdzv_id: str | None = None) -> list[str]:
+def torchrun_command(distribution: Distribution, rank_args: Sequence[str], rdzv_id: str | None = None) -> list[str]:
     """`python -m torch.distributed.run` (torchrun) for this spec: standalone on one node, c10d rendezvous at
     `rdzv_endpoint` (or MASTER_ADDR:MASTER_PORT) across nodes, under `rdzv_id` (every node's agent of one
     launch passes the same)."""
@@ -81,20 +81,20 @@ def torchrun_command(distribution: Distribution, worker_args: Sequence[str], rdz
         endpoint = rendezvous_endpoint(distribution)
         command += [f"--nnodes={distribution.nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}"]
         command += [f"--rdzv_id={rdzv_id}"] if rdzv_id else []
-    return [*command, "-m", "entrypoint.training.worker", *worker_args]
+    return [*command, "-m", "entrypoint.processes.rank", *rank_args]
 
 
 def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bool]:
     """Run torchrun in the foreground; forward SIGTERM to it. Returns (exit code, SIGTERM was received).
 
-    torchrun kills its workers `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
-    raised above the checkpoint grace so that the workers' own watchdog decides when to give up."""
+    torchrun kills its ranks `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
+    raised above the checkpoint grace so that the ranks' own watchdog decides when to give up."""
     received: list[int] = []
     procs: list[subprocess.Popen] = []
 
     def forward(signum, frame):
         received.append(signum)
-        log("train: SIGTERM received; forwarding to the torchrun workers")
+        log("train: SIGTERM received; forwarding to the torchrun ranks")
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from entrypoint.evaluation.verify_worker import SHARD_INDEX, VerifyError, load_weights, weight_files
+from entrypoint.trial.recheck import SHARD_INDEX, RecheckError, load_weights, weight_files
 from tests.models import build_tiny_causal_lm
 
 
@@ -27,7 +27,7 @@ def test_sharded_weights_are_found_loaded_and_checked(tmp_path):
     assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in loaded.items())
 
     (folder / names[-1]).unlink()
-    with pytest.raises(VerifyError, match=names[-1]):
+    with pytest.raises(RecheckError, match=names[-1]):
         weight_files(folder)
 
 

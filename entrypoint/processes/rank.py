@@ -1,6 +1,6 @@
-"""A torchrun worker: rebuild the job context from the store and run the train phase on this rank.
+"""A torchrun rank: rebuild the job context from the store and train the trial on this rank.
 
-    torchrun ... -m entrypoint.training.worker --store URI --job JOB_ID --workdir DIR --trial ID \
+    torchrun ... -m entrypoint.processes.rank --store URI --job JOB_ID --workdir DIR --trial ID \
         [--endpoint-url URL ...]
 
 Rank 0 writes the trial's result to `trials/<trial>/train_result.json`; the launching process commits it.
@@ -15,11 +15,11 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
-from entrypoint.job.state import dumps, worker_result_key
-from entrypoint.phases import train
+from entrypoint.job.state import dumps, rank_result_key
 from entrypoint.store import ObjectExists
 from entrypoint.training.distributed import node_rank, rank
 from entrypoint.training.memory import is_oom
+from entrypoint.trial.train import train_trial
 from jobspec.experiments import resolve_trials
 
 
@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         if me == 0:
             print(message, flush=True)
 
-    ctx, trial_id = subprocess_context("entrypoint.training.worker", argv, log)
+    ctx, trial_id = subprocess_context("entrypoint.processes.rank", argv, log)
     try:
         trial = {t.id: t for t in resolve_trials(ctx.spec)}[trial_id]
-        result = train.train_trial(ctx, trial)
+        result = train_trial(ctx, trial)
     except Interrupted as exc:
         log(f"rentune: {exc}")
         return EXIT_INTERRUPTED
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _out_of_memory(ctx, trial_id, me, exc)
     if me == 0:
-        ctx.store.put_bytes(worker_result_key(trial_id), dumps(result))
+        ctx.store.put_bytes(rank_result_key(trial_id), dumps(result))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # a clean teardown; DeepSpeed on gloo can abort without
@@ -60,7 +60,7 @@ def _out_of_memory(ctx, trial_id: str, me: int, exc: BaseException) -> int:
     print(f"rentune: {reason}", flush=True)
     record = {"status": "invalid", "reason": reason, "evaluable": False}
     with contextlib.suppress(ObjectExists):
-        ctx.store.put_if_absent(worker_result_key(trial_id), dumps(record))
+        ctx.store.put_if_absent(rank_result_key(trial_id), dumps(record))
     return EXIT_FAILED
 
 
