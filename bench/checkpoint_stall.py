@@ -101,7 +101,7 @@ def run(mode: str, layers: int, every: int, saves: int, endpoint: str, tmp: Path
         callbacks.append(saver)
     trainer = build_trainer(
         _model(layers), transformers.default_data_collator, _features(steps), training,
-        output_dir=tmp / mode, device=torch.device("cpu"), token_loss=True, callbacks=callbacks,
+        output_dir=tmp / mode, device=torch.device("cpu"), loss_per="token", callbacks=callbacks,
     )  # fmt: skip
     started = time.monotonic()
     trainer.train()

@@ -72,16 +72,16 @@ training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{
     rows = [json.loads(line) for line in (ROOT / "examples/data/tickets.jsonl").read_text().splitlines() if line]
     labels = sorted({r["label"] for r in rows})
     kind = kind_for(spec)
-    tokenizer = kind.processor(model_dir)
-    features = [e.features for e in kind.encode(tokenizer, rows, labels)]
+    tokenizer = kind.model.processor(model_dir)
+    features = [e.features for e in kind.model.encode(tokenizer, rows, labels)]
     cpu = torch.device("cpu")
     log = lambda message: None  # noqa: E731
 
     def rentune_run(i: int, tracked: bool = False) -> float:
         torch.manual_seed(0)
-        model = kind.build(model_dir, labels, spec.adaptation)
+        model = kind.model.load(model_dir, labels, spec.adaptation)
         store = FileStore(tmp / f"store-{i}-{tracked}")
-        counter = CountingCollator(kind.collator(tokenizer))
+        counter = CountingCollator(kind.model.collator(tokenizer))
         meter = ThroughputMeter(counter, *flops_per_token(model, 32.0), None, "cpu")
         tracking = Tracking([], {}, log)
         if tracked:
@@ -108,7 +108,7 @@ training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{
                 spec.training,
                 output_dir=tmp / f"r{i}",
                 device=cpu,
-                token_loss=False,
+                loss_per="example",
                 callbacks=callbacks,
             )
             started = time.perf_counter()
@@ -122,21 +122,21 @@ training: {{max_steps: {args.steps}, microbatch: 16, device: cpu, checkpoint: {{
 
     def bare_run(i: int) -> float:
         torch.manual_seed(0)
-        model = kind.build(model_dir, labels, spec.adaptation)
+        model = kind.model.load(model_dir, labels, spec.adaptation)
         reference = build_trainer(
             model,
-            kind.collator(tokenizer),
+            kind.model.collator(tokenizer),
             features,
             spec.training,
             output_dir=tmp / f"b{i}",
             device=cpu,
-            token_loss=False,
+            loss_per="example",
         )
         trainer = Trainer(
             model=model,
             args=reference.args,  # identical, checkpoints every 100 steps included (kept locally)
             train_dataset=features,
-            data_collator=kind.collator(tokenizer),
+            data_collator=kind.model.collator(tokenizer),
         )
         trainer.model_accepts_loss_kwargs = False
         started = time.perf_counter()

@@ -98,7 +98,7 @@ def run(mode: str, features: list[dict], steps: int, out: Path) -> dict:
         training,
         output_dir=out,
         device=torch.device("cpu"),
-        token_loss=True,
+        loss_per="token",
         callbacks=[meter, ProgressCallback(lambda line: None, every=5, meter=meter)],
     )
     trainer.train()

@@ -14,7 +14,7 @@ import torch
 
 from entrypoint.data.tokens import open_tokens
 from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
-from entrypoint.kinds import JobKind, kind_for
+from entrypoint.kinds import Kind, kind_for
 from entrypoint.store import Store, open_store
 from entrypoint.training.device import resolve_device, resolve_precision
 from entrypoint.training.model import resolve_model_dir
@@ -30,18 +30,16 @@ class PhaseContext:
     store: Store  # confined to jobs/<job_id>/
     workdir: Path  # local scratch for this process; may be empty on a fresh node
     log: Callable[[str], None]
-    store_args: tuple[str, ...] = ()  # how a subprocess reopens this job's store (processes/rank.py, processes/recheck.py)
+    store_args: tuple[str, ...] = ()  # how a process of processes/ reopens this job's store
     root: Store | None = None  # the whole store: the sealed-test record spans jobs
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
     clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one
     attempt: int = 0  # this process's attempt number (0: a subprocess of one)
 
     @functools.cached_property
-    def kind(self) -> JobKind:
-        kind = kind_for(self.spec)
-        if hasattr(kind, "log"):  # kinds that report as they go (generation throughput)
-            kind.log = self.log
-        return kind
+    def kind(self) -> Kind:
+        """The job's data, model and task sides (kinds/)."""
+        return kind_for(self.spec, self.log)
 
     @functools.cached_property
     def model_dir(self) -> Path:
@@ -51,13 +49,17 @@ class PhaseContext:
     def read_json(self, key: str) -> Any:
         return read_json(self.store, key)
 
+    def result(self, phase: str) -> dict:
+        """A phase's committed result (phases/<phase>/result.json)."""
+        return self.read_json(phase_result_key(phase))
+
     def write_json(self, key: str, obj: Any) -> None:
         self.store.put_bytes(key, dumps(obj))
 
     def read_split(self, name: str) -> list[dict]:
-        """A split as the data phase committed it, made ready for the model on this node by the kind."""
+        """A split as the data phase committed it, made ready for the model on this node by the data side."""
         key = f"phases/data/{name}.jsonl"
-        return self.kind.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
+        return self.kind.data.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
 
     def encoded(self, name: str, processor, labels: list[str]) -> Sequence:
         """A split exactly as the trainer sees it (data.encoding.Encoded per row): the tokens the data
@@ -65,13 +67,13 @@ class PhaseContext:
         none (images) encode the split here."""
         record = self.data_result.get("tokens")
         if not record:
-            return self.kind.encode(processor, self.read_split(name), labels)
+            return self.kind.model.encode(processor, self.read_split(name), labels)
         return open_tokens(self.store, record, name, self.workdir, self.log)
 
     @functools.cached_property
     def data_result(self) -> dict:
         """The data phase's committed result, read once: it never changes after its commit."""
-        return self.read_json(phase_result_key("data"))
+        return self.result("data")
 
     @property
     def labels(self) -> list[str]:

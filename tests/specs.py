@@ -46,7 +46,8 @@ def load(spec: dict) -> LoadedSpec:
 
 
 def kind_of(spec: dict):
-    """The JobKind a spec dict runs as (entrypoint.kinds.kind_for on the validated spec)."""
+    """The kind (data, model and task sides) a spec dict runs as (entrypoint.kinds.kind_for on the validated
+    spec)."""
     from entrypoint.kinds import kind_for
 
     return kind_for(load(spec).spec)

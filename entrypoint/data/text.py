@@ -17,11 +17,11 @@ from entrypoint.data.encoding import PREPROCESS_VERSION, processor_sha256
 from entrypoint.data.inspection import build_inspection, length_stats, packed_row, to_markdown
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
+from entrypoint.data.parts import DataParts, Leaks
 from entrypoint.data.reading import DataError, RawFile, open_source, refuse, text_rows
 from entrypoint.data.split import SPLIT_VERSION, SPLITS, sort_digests
 from entrypoint.data.spool import Mapped, Spool, SpooledRows, chunked
 from entrypoint.data.tokens import features_of, token_counts
-from entrypoint.kinds import DataParts, Leaks
 from jobspec.schema import JobSpec
 
 __all__ = ["dedupe", "dedupe_key", "read_text_parts", "text_inspection", "text_leaks", "text_recipe"]
@@ -123,13 +123,17 @@ def text_leaks(
 
 
 def text_inspection(
-    kind, processor, splits: dict[str, list[dict]], labels: list[str], encoded: dict | None = None
+    spec: JobSpec,
+    encode: Callable[[Sequence[dict]], list],
+    processor,
+    splits: dict[str, list[dict]],
+    labels: list[str],
+    encoded: dict | None = None,
 ) -> tuple[dict, str, dict]:
     """The text kinds' inspection: examples per category as the trainer sees them, and lengths per split
-    (`encoded`: the splits as the data phase encoded them; encoded here when None)."""
-    spec = kind.spec
+    (`encoded`: the splits as the data phase encoded them; `encode`d here when None)."""
     if encoded is None:
-        encoded = {name: kind.encode(processor, rows, labels) for name, rows in splits.items()}
+        encoded = {name: encode(rows) for name, rows in splits.items()}
     stats = {name: length_stats(items, spec.model.max_length) for name, items in encoded.items()}
     records = build_inspection(
         processor, splits["train"], encoded["train"], spec.data.inspect_per_category, spec.model.max_length, labels

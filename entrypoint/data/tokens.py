@@ -116,16 +116,19 @@ class Encoders:
 
 
 @contextmanager
-def encoder_pool(spec, model_dir: Path, labels: Sequence[str], processes: int) -> Iterator[Encoders | None]:
-    """`processes` processes that each load the kind's processor once and encode chunks of rows (None for
-    one process: the caller encodes in its own process). Each dies with its parent (Linux
+def encoder_pool(
+    make_encoder: Callable[..., Callable[[Sequence[dict]], list[Encoded]]], args: tuple, processes: int
+) -> Iterator[Encoders | None]:
+    """`processes` processes that each build their encoder once (`make_encoder(*args)`: a module-level
+    function, as spawned processes import it by name; it loads the processor) and encode chunks of rows
+    (None for one process: the caller encodes in its own process). Each dies with its parent (Linux
     PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind; the pool is closed on exit."""
     if processes <= 1:
         yield None
         return
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(processes, _start_process, (spec, str(model_dir), list(labels)))
+    pool = multiprocessing.get_context("spawn").Pool(processes, _start_process, (make_encoder, args))
     try:
         yield Encoders(pool, processes)
     finally:
@@ -136,16 +139,12 @@ def encoder_pool(spec, model_dir: Path, labels: Sequence[str], processes: int) -
 _process_encode: Callable[[Sequence[dict]], list[Encoded]] | None = None
 
 
-def _start_process(spec, model_dir: str, labels: list[str]) -> None:
+def _start_process(make_encoder, args: tuple) -> None:
     global _process_encode
     with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the pool's own cleanup
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
-    from entrypoint.kinds import kind_for
-
-    kind = kind_for(spec)
-    processor = kind.processor(Path(model_dir))
-    _process_encode = lambda rows: kind.encode(processor, rows, labels)  # noqa: E731
+    _process_encode = make_encoder(*args)
 
 
 def _encode_in_process(rows: Sequence[dict]) -> list[Encoded]:

@@ -1,8 +1,7 @@
 """Judging a trial against the baseline on one split: paired intervals for every metric, the verdicts,
 and the examples that changed; and, before training, how small a change the splits can show.
 
-    tally_of(spec, rows, outputs, labels)        per-example counts of the task's metrics (tally.py)
-    judge(spec, rows, labels, before, after)     comparison, hypothesis, guardrails, changed examples
+    judge(spec, rows, base, trial)               comparison, hypothesis, guardrails, changed examples
     power(spec, baseline tally, sizes)           the smallest change eval and test can show, per verdict metric
 
 The power estimate (documented in docs/verdicts.md): the baseline's own bootstrap half-width on eval
@@ -21,8 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from entrypoint.evaluation.bootstrap import MIN_CLUSTERS, Bootstrap, compare, resample_sums, spread
-from entrypoint.evaluation.procedure import score
-from entrypoint.evaluation.tally import Tally, classification_tally, extraction_tally, format_tally
+from entrypoint.evaluation.tally import Tally
 from entrypoint.evaluation.verdict import check_guardrails, guardrail_names, hypothesis_verdict, overall
 from jobspec.plan import detectable_from_size
 from jobspec.schema import JobSpec
@@ -34,7 +32,6 @@ __all__ = [
     "judge",
     "power",
     "power_lines",
-    "tally_of",
     "versus",
 ]
 
@@ -50,18 +47,6 @@ def bootstrap_settings(spec: JobSpec) -> Bootstrap:
 def clusters_of(spec: JobSpec, rows: Sequence[dict]) -> list[str] | None:
     """Each row's cluster (data.cluster_field), or None when examples are resampled one by one."""
     return [row["cluster"] for row in rows] if spec.data.cluster_field else None
-
-
-def tally_of(spec: JobSpec, rows: Sequence[dict], outputs: Sequence[str], labels: Sequence[str]) -> Tally:
-    """The task's per-example counts for these outputs, from procedure.score's own per-example records."""
-    task = spec.hypothesis.task
-    if task == "classification":
-        return classification_tally([r["label"] for r in rows], outputs, labels)
-    report = score(spec, rows, outputs, labels)
-    groups = [r["label"] for r in rows] if len(set(labels)) > 1 else None
-    if task == "format":
-        return format_tally(report["examples"], list(report["metrics"]), groups)
-    return extraction_tally(report["examples"], report["fields"], report["required_fields"], groups)
 
 
 def excerpt(row: dict) -> str:
@@ -121,16 +106,10 @@ def _concentration(examples: dict) -> str:
     return text
 
 
-def judge(
-    spec: JobSpec,
-    rows: Sequence[dict],
-    labels: Sequence[str],
-    before: Sequence[str],
-    after: Sequence[str],
-) -> dict:
-    """The trial's outputs `after` against the baseline's `before` on the same rows: every metric with its
-    paired interval, the hypothesis verdict, the guardrail checks and what changed."""
-    base, trial = tally_of(spec, rows, before, labels), tally_of(spec, rows, after, labels)
+def judge(spec: JobSpec, rows: Sequence[dict], base: Tally, trial: Tally) -> dict:
+    """The trial's outputs against the baseline's on the same rows (each as its task's per-example counts,
+    kinds' TaskSide.tally): every metric with its paired interval, the hypothesis verdict, the guardrail
+    checks and what changed."""
     names = list(base.metrics(base.counts.sum(0)))
     comparison = compare(base, trial, names, bootstrap_settings(spec), clusters_of(spec, rows))
     guardrails = check_guardrails(spec.guardrails, comparison)
@@ -143,12 +122,10 @@ def judge(
     }
 
 
-def versus(
-    spec: JobSpec, rows: Sequence[dict], labels: Sequence[str], other: Sequence[str], chosen: Sequence[str]
-) -> dict:
+def versus(spec: JobSpec, rows: Sequence[dict], other: Tally, chosen: Tally) -> dict:
     """The primary metric of `chosen` against `other` on the same rows, with its paired interval."""
     metric = spec.hypothesis.metric
-    a, b = tally_of(spec, rows, other, labels), tally_of(spec, rows, chosen, labels)
+    a, b = other, chosen
     c = compare(a, b, [metric], bootstrap_settings(spec), clusters_of(spec, rows))[metric]
     low, high = c["interval"]
     return {**c, "decided": bool(low > 0 or high < 0)}

@@ -1,4 +1,4 @@
-"""Causal LM: a prompt -> a generated response (format adherence, extraction). Rows are
+"""The model side of a causal LM: a prompt -> a generated response (format adherence, extraction). Rows are
 {"prompt", "response", "label"} (chat formats add "messages"), the label being the row's group for
 per-group metrics ("all" if none).
 
@@ -21,8 +21,8 @@ from entrypoint.data.encoding import (
     prepare_tokenizer,
 )
 from entrypoint.data.packing import PackedCollator
-from entrypoint.data.text import read_text_parts, text_inspection, text_leaks, text_recipe
-from entrypoint.kinds import Baseline, DataParts, Leaks
+from entrypoint.kinds import Baseline
+from entrypoint.kinds.text import TextFields
 from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter
 from jobspec.schema import Adaptation, JobSpec
 
@@ -30,71 +30,50 @@ __all__ = ["CausalLM"]
 
 
 class CausalLM:
-    name = "causal_lm"
-    token_loss = True  # the loss is per response token across the whole accumulated batch
-    stores_tokens = True
+    """The model side of a causal LM job (format adherence, extraction)."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, log: Callable[[str], None] | None = None):
         self.spec = spec
         attn = spec.model.attn_implementation  # auto: transformers' own choice for the model
         self.loading = {**SAFE_LOADING, **({} if attn == "auto" else {"attn_implementation": attn})}
         self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
-        self.log: Callable[[str], None] | None = None  # generation throughput goes here when set
+        self.log = log  # generation throughput goes here when set
 
-    # -- data phase ------------------------------------------------------------------------------------
     @property
     def chat(self) -> bool:
         return self.spec.data.format != "prompt_response"
 
-    def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
+    def fields(self) -> TextFields:
+        """Prompt and response (the label a group for per-group metrics); chat formats parse whole
+        conversations (data/chat.py), and the recipe records the chat template."""
         data = self.spec.data
-        wanted = {"prompt": data.prompt_field, "response": data.response_field}
-        keys = ("prompt", "response")
+        common = {
+            "wanted": {"prompt": data.prompt_field, "response": data.response_field},
+            "keys": ("prompt", "response"),
+            "leak_text": lambda row: f"{row['prompt']}\n{row['response']}",
+            "recipe_task": "causal_lm",
+            "group_field": data.label_field,
+        }
         if not self.chat:
-            return read_text_parts(self.spec, folder, log, wanted, keys, group_field=data.label_field)
-        return read_text_parts(
-            self.spec,
-            folder,
-            log,
-            wanted,
-            keys,
-            group_field=data.label_field,
+            return TextFields(**common, recipe_extra=lambda processor: {"template": data.template})
+        return TextFields(
+            **common,
             parse=lambda raw, errors: chat_rows(
                 raw, data.format, data.label_field, data.train_on, errors, data.cluster_field
             ),
             clean=lambda rows: clean_chat(rows, data.clean),
+            recipe_extra=self._chat_recipe,
         )
 
-    def find_leaks(self, splits: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> Leaks:
-        threshold = self.spec.data.leaks.near_threshold
-        return text_leaks(splits, pairs, threshold, lambda row: f"{row['prompt']}\n{row['response']}")
-
-    def commit_splits(self, store, splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        return splits
-
-    def identity(self, row: dict) -> dict:
-        return row  # a text row is its content
-
-    def recipe(self, folder: Path, processor) -> dict:
-        data = self.spec.data
-        if not self.chat:
-            return {**text_recipe(self.spec, folder, "causal_lm"), "template": data.template}
+    def _chat_recipe(self, processor) -> dict:
         template = self.template(processor)
         return {
-            **text_recipe(self.spec, folder, "causal_lm"),
-            "format": data.format,
-            "train_on": data.train_on,
+            "format": self.spec.data.format,
+            "train_on": self.spec.data.train_on,
             "chat_template_sha256": template.sha256,
             "end_of_turn": template.end_of_turn,
         }
 
-    def inspect(self, processor, splits: dict[str, list[dict]], labels: list[str], encoded) -> tuple[dict, str, dict]:
-        return text_inspection(self, processor, splits, labels, encoded)
-
-    def fetch(self, store, rows: list[dict], workdir: Path) -> list[dict]:
-        return rows  # everything is in the row
-
-    # -- model -----------------------------------------------------------------------------------------
     def processor(self, folder: Path):
         """The tokenizer; for chat formats it carries the chat template trained with (data.chat_template,
         if given, replaces its own), so every saved copy (checkpoints, final, export) renders the same."""
@@ -131,18 +110,15 @@ class CausalLM:
             return PackedCollator(processor.pad_token_id)
         return DataCollatorForSeq2Seq(processor, label_pad_token_id=IGNORE_INDEX, padding=True)
 
-    def build(self, folder: Path, labels: Sequence[str], adaptation: Adaptation):
+    def load(self, folder: Path, labels: Sequence[str], adaptation: Adaptation, trained: Path | None = None):
         from transformers import AutoModelForCausalLM
 
+        if trained is not None and adaptation.method == "full":
+            return AutoModelForCausalLM.from_pretrained(trained, **self.loading)
+        if trained is not None:
+            return load_adapter(AutoModelForCausalLM.from_pretrained(folder, **self.loading), trained)
         model, info = AutoModelForCausalLM.from_pretrained(folder, **self.loading, output_loading_info=True)
         return adapt(model, info, folder, adaptation, task_type="CAUSAL_LM")
-
-    def reload(self, base: Path, weights: Path, labels: Sequence[str], method: str):
-        from transformers import AutoModelForCausalLM
-
-        if method == "full":
-            return AutoModelForCausalLM.from_pretrained(weights, **self.loading)
-        return load_adapter(AutoModelForCausalLM.from_pretrained(base, **self.loading), weights)
 
     def predict(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device) -> list[str]:
         from entrypoint.evaluation.generate import generate_responses
@@ -172,7 +148,7 @@ class CausalLM:
         model = AutoModelForCausalLM.from_pretrained(folder, **self.loading).eval()
         return Baseline(self.predict(model, processor, rows, labels, device), {"method": "untouched_model_generation"})
 
-    def eval_settings(self) -> dict:
+    def settings(self) -> dict:
         from entrypoint.evaluation.generate import decoding
 
         data, max_new_tokens = self.spec.data, self.spec.model.max_new_tokens

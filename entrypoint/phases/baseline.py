@@ -16,11 +16,10 @@ runner stops the job here when `evaluation.underpowered: fail` and the hypothesi
 from __future__ import annotations
 
 from entrypoint.context import PhaseContext
-from entrypoint.evaluation.judge import power, power_lines, tally_of
-from entrypoint.evaluation.procedure import baseline_outputs, eval_config, score
+from entrypoint.evaluation.judge import power, power_lines
 from entrypoint.evaluation.verdict import guardrail_names
 from entrypoint.job.state import to_jsonl
-from entrypoint.training.model import hash_base_model
+from entrypoint.trial.evaluate import baseline_outputs, split_config
 
 __all__ = ["run"]
 
@@ -28,11 +27,11 @@ __all__ = ["run"]
 def run(ctx: PhaseContext) -> dict:
     rows = ctx.read_split("eval")
     baseline = baseline_outputs(ctx, rows)
-    report = score(ctx.spec, rows, baseline.outputs, ctx.labels)
+    task = ctx.kind.task
+    report = task.score(rows, baseline.outputs, ctx.labels)
     # Every guardrail must name a metric this job computes: checked now, not after days of training.
     guardrail_names(ctx.spec.guardrails, report["metrics"])
-    base_sha = hash_base_model(ctx.model_dir).sha256
-    config = {**eval_config(ctx.spec, ctx.kind, "eval", ctx.data_version, base_sha), "baseline": baseline.method}
+    config = {**split_config(ctx, "eval"), "baseline": baseline.method}
     ctx.store.put_bytes(
         "phases/baseline/predictions.jsonl",
         to_jsonl({**row, "output": o} for row, o in zip(rows, baseline.outputs, strict=True)),
@@ -44,7 +43,7 @@ def run(ctx: PhaseContext) -> dict:
         f"baseline: {baseline.method['method']} {metric} {report['metrics'][metric]:.3f} on {report['n']} eval examples"
     )
     n_test = sum(ctx.data_result["counts"]["test"].values())
-    table = power(ctx.spec, tally_of(ctx.spec, rows, baseline.outputs, ctx.labels), rows, n_test)
+    table = power(ctx.spec, task.tally(rows, baseline.outputs, ctx.labels), rows, n_test)
     for line in power_lines(table):
         ctx.log(f"power: {line}")
     return {"metrics": report["metrics"], "eval_config": config, "power": table}

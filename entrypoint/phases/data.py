@@ -25,6 +25,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.inspection import smoke_markdown
 from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse_failing
 from entrypoint.data.packing import step_rows, to_device
+from entrypoint.data.parts import DataParts
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import check_categories, data_version, split_rows
 from entrypoint.data.spool import Mapped, chunked, labels_of
@@ -40,7 +41,7 @@ from entrypoint.data.tokens import (
 )
 from entrypoint.evaluation.seal import check_seal
 from entrypoint.job.state import to_jsonl
-from entrypoint.kinds import DataParts
+from entrypoint.kinds import encoder_for
 
 __all__ = ["run", "smoke_pass", "write_jsonl"]
 
@@ -49,7 +50,7 @@ def run(ctx: PhaseContext) -> dict:
     folder = ctx.workdir / "spool"  # rows read, and splits before upload: this phase's scratch space
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    parts = ctx.kind.read(folder, ctx.log)
+    parts = ctx.kind.data.read(folder, ctx.log)
     try:
         return _run(ctx, parts, folder)
     finally:
@@ -59,14 +60,14 @@ def run(ctx: PhaseContext) -> dict:
 
 
 def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
-    data, kind = ctx.spec.data, ctx.kind
+    data, kind, side = ctx.spec.data, ctx.kind, ctx.kind.data
     if data.source:
-        splits = split_rows(parts.rows["all"], data.split.eval, data.split.test, data.split.seed, kind.identity)
+        splits = split_rows(parts.rows["all"], data.split.eval, data.split.test, data.split.seed, side.identity)
     else:
         splits = parts.rows
     check_categories(splits, data.labels)
 
-    leaks = kind.find_leaks(splits, checked_pairs())
+    leaks = side.find_leaks(splits, checked_pairs())
     splits, summary = apply_leak_policy(
         data.leaks, splits, leaks.found, leaks.shown, leaks.method, leaks.threshold, ctx.log
     )
@@ -74,18 +75,18 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     refuse_failing(summary)
     labels = check_categories(splits, data.labels)
 
-    canonical = kind.commit_splits(ctx.store, splits)
+    canonical = side.commit_splits(ctx.store, splits)
     written = {name: write_jsonl(rows, folder / f"split-{name}.jsonl") for name, rows in canonical.items()}
     check_seal(ctx, written["test"])  # before any compute is spent
     for name, sha256 in written.items():
         if ctx.store.put_file(f"phases/data/{name}.jsonl", folder / f"split-{name}.jsonl") != sha256:
             raise RuntimeError(f"data: {folder}/split-{name}.jsonl changed while it was uploaded; run the job again")
 
-    processor = kind.processor(ctx.model_dir)
-    recipe = kind.recipe(ctx.model_dir, processor)
-    version = data_version({name: Mapped(rows, kind.identity) for name, rows in canonical.items()}, recipe)
+    processor = kind.model.processor(ctx.model_dir)
+    recipe = side.recipe(ctx.model_dir, processor)
+    version = data_version({name: Mapped(rows, side.identity) for name, rows in canonical.items()}, recipe)
     encoded, tokens = store_tokens(ctx, processor, canonical, labels, version) if kind.stores_tokens else (None, None)
-    inspection, markdown, files = kind.inspect(processor, splits, labels, encoded)
+    inspection, markdown, files = side.inspect(processor, splits, labels, encoded)
     smoke = smoke_pass(ctx, processor, splits, labels, encoded)
     for name, content in files.items():
         ctx.store.put_bytes(f"phases/data/{name}", content)
@@ -140,12 +141,12 @@ def store_tokens(
     folder.mkdir(parents=True, exist_ok=True)
     encoded, files = {}, {}
     processes = tokenize_processes(sum(len(rows) for rows in canonical.values()))
-    with encoder_pool(ctx.spec, ctx.model_dir, labels, processes) as pool:
+    with encoder_pool(encoder_for, (ctx.spec, str(ctx.model_dir), labels), processes) as pool:
         if pool is not None:
             ctx.log(f"data: tokenizing in {processes} processes")
         for name, rows in canonical.items():
             path = folder / f"{name}.arrow"
-            chunks = tokenize(lambda part: ctx.kind.encode(processor, part, labels), rows, name, ctx.log, pool)
+            chunks = tokenize(lambda part: ctx.kind.model.encode(processor, part, labels), rows, name, ctx.log, pool)
             files[name] = write_tokens(chunks, path)
             sent = ctx.store.put_file(tokens_store_key(key, name), path)
             if sent != files[name]["sha256"]:
@@ -161,9 +162,9 @@ def smoke_pass(
 ) -> dict:
     """One batch per split through the real collator, forward and loss: wiring errors show now, not after
     hours of training. Says nothing about quality. Records the input shape the model itself received."""
-    kind = ctx.kind
-    model = kind.build(ctx.model_dir, labels, ctx.spec.adaptation).to(ctx.device)
-    collate = kind.collator(processor)
+    side = ctx.kind.model
+    model = side.load(ctx.model_dir, labels, ctx.spec.adaptation).to(ctx.device)
+    collate = side.collator(processor)
     received: dict[str, list[int]] = {}
 
     def record(module, args, kwargs):
@@ -177,7 +178,7 @@ def smoke_pass(
     model.eval()
     with torch.no_grad():
         for name, rows in splits.items():
-            items = encoded[name][:size] if encoded else kind.encode(processor, rows[:size], labels)
+            items = encoded[name][:size] if encoded else side.encode(processor, rows[:size], labels)
             batch = collate(step_rows(ctx.spec, [e.features for e in items]))
             loss = model(**to_device(batch, ctx.device)).loss.item()
             if not math.isfinite(loss):

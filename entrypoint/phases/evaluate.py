@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import judge, versus
-from entrypoint.evaluation.procedure import eval_config, evaluate_trial
 from entrypoint.job.state import read_jsonl, to_jsonl
-from entrypoint.training.model import hash_base_model
+from entrypoint.trial.evaluate import evaluate_trial, split_config
 
 __all__ = ["MAX_DISAGREEMENT", "EvaluationMismatch", "NoValidTrial", "run"]
 
@@ -38,11 +37,11 @@ class NoValidTrial(RuntimeError):
 
 
 def run(ctx: PhaseContext) -> dict:
-    spec = ctx.spec
-    trials = ctx.read_json("phases/train/result.json")["trials"]
-    config = eval_config(spec, ctx.kind, "eval", ctx.data_version, hash_base_model(ctx.model_dir).sha256)
-    baseline = [r["output"] for r in read_jsonl(ctx.store.get_bytes("phases/baseline/predictions.jsonl"))]
-    results, outputs_of = {}, {}
+    spec, task = ctx.spec, ctx.kind.task
+    trials = ctx.result("train")["trials"]
+    config = split_config(ctx, "eval")
+    baseline_outputs = [r["output"] for r in read_jsonl(ctx.store.get_bytes("phases/baseline/predictions.jsonl"))]
+    baseline, results, tally_of = None, {}, {}
     for trial_id, summary in trials.items():
         if not summary.get("evaluable"):
             results[trial_id] = {"status": summary["status"], "reason": summary["reason"]}
@@ -62,8 +61,10 @@ def run(ctx: PhaseContext) -> dict:
         )
         ctx.write_json(f"{prefix}/metrics.json", report)
         ctx.write_json(f"{prefix}/eval_config.json", {**config, "observed": report["observed"]})
-        judged = judge(spec, rows, ctx.labels, baseline, outputs)
-        outputs_of[trial_id], eval_rows = outputs, rows
+        if baseline is None:  # the eval rows, the same for every trial
+            baseline = task.tally(rows, baseline_outputs, ctx.labels)
+        tally_of[trial_id], eval_rows = task.tally(rows, outputs, ctx.labels), rows
+        judged = judge(spec, rows, baseline, tally_of[trial_id])
         results[trial_id] = {
             "status": summary["status"],
             "reason": summary["reason"],
@@ -89,21 +90,23 @@ def run(ctx: PhaseContext) -> dict:
     safe = [t for t in completed if results[t]["guardrails_result"] != "fail"]
     pool = safe or completed
     metric = spec.hypothesis.metric
-    ranked = sorted(pool, key=lambda t: (-results[t]["metrics"][metric], completed.index(t)))
+
+    def rank(trials: list[str]) -> list[str]:  # highest first; ties in spec order
+        return sorted(trials, key=lambda t: (-results[t]["metrics"][metric], completed.index(t)))
+
+    ranked = rank(pool)
     selected = ranked[0]
     why = (
         f"highest {metric} on eval among trials with no failed guardrail"
         if safe
         else f"every trial fails a guardrail; highest {metric} on eval"
     )
-    others = ranked[1:] or sorted(
-        (t for t in completed if t != selected), key=lambda t: (-results[t]["metrics"][metric], completed.index(t))
-    )
+    others = ranked[1:] or rank([t for t in completed if t != selected])
     runner_up = None
     if others:
         runner_up = {
             "trial_id": others[0],
-            **versus(spec, eval_rows, ctx.labels, outputs_of[others[0]], outputs_of[selected]),
+            **versus(spec, eval_rows, tally_of[others[0]], tally_of[selected]),
         }
         low, high = runner_up["interval"]
         why += f"; against the runner-up {others[0]}: {runner_up['change']:+.3f} [{low:+.3f}, {high:+.3f}], " + (

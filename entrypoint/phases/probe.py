@@ -14,9 +14,7 @@ would make it fit.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import time
 from dataclasses import dataclass
 
 import torch
@@ -25,16 +23,12 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
 from entrypoint.data.tokens import features_of, full_lengths, token_counts
-from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
+from entrypoint.training.memory import OutOfMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
+from entrypoint.training.steps import GRAD_RTOL, eval_gradients, max_rel_diff, measured_step, split_batch
 
 __all__ = ["GRAD_RTOL", "run"]
 
-# Float sums in another order: equal to about 1e-6 in fp32. In bf16/fp16 autocast the whole batch and its
-# microbatches round differently (about 1e-2 measured on the test models); a wrong normalisation of an
-# accumulated loss is off by a factor (0.5 or more), so either tolerance catches it.
-GRAD_RTOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 5e-2}
-SEED = 1234
 # (name, activation checkpointing, microbatches accumulated: 1, or `k`)
 VARIANTS = (
     ("plain", False, False),
@@ -76,11 +70,11 @@ def _batch(ctx: PhaseContext, processor, labels: list[str], size: int) -> dict:
         features = _full_rows(_longest(split, min(len(split), size * max_length)), size, max_length)
     else:
         features = _longest(split, size)
-    batch = kind.collator(processor)(features)
+    batch = kind.model.collator(processor)(features)
     pad = ctx.spec.model.max_length - batch["input_ids"].shape[1] if "input_ids" in batch else 0
     if pad > 0:
         fill = {"input_ids": processor.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
-        if kind.token_loss:
+        if kind.task.loss == "token":
             fill["labels"] = IGNORE_INDEX
         for key, value in fill.items():
             if key in batch:
@@ -103,77 +97,10 @@ def _longest(split, size: int) -> list[dict]:
     return [split[order[i % len(order)]].features for i in range(size)]
 
 
-def _split(batch: dict, parts: int) -> list[dict]:
-    size = batch["labels"].shape[0] // parts
-    return [
-        {k: v[i * size : (i + 1) * size] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        for i in range(parts)
-    ]
-
-
-def _loss_weights(micro: list[dict], token_loss: bool) -> list[float]:
-    """How the trainer normalises an accumulated batch: per token across all microbatches (causal LM), or
-    per example (classification). Each microbatch's mean loss is weighted by its share of the total."""
-    if token_loss:
-        counts = [int((m["labels"][:, 1:] != IGNORE_INDEX).sum()) for m in micro]
-    else:
-        counts = [m["labels"].shape[0] for m in micro]
-    return [c / sum(counts) for c in counts]
-
-
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
-
-
-def _autocast(device: torch.device, precision: str):
-    """Mixed precision as the Trainer runs it (autocast around forward and loss; weights stay fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
-def _step(
-    model, micro: list[dict], token_loss: bool, checkpointing: bool, optimizer, device, precision: str
-) -> tuple[dict, dict]:
-    """One optimizer step over `micro` microbatches; returns measurements and the gradients before the step."""
-    if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.activation_checkpointing_disable()
-    model.train()
-    torch.manual_seed(SEED)
-    weights = _loss_weights(micro, token_loss)
-    with PeakMemory(device) as peak:
-        started = time.perf_counter()
-        for part, weight in zip(micro, weights, strict=True):
-            with _autocast(device, precision):
-                loss = model(**part).loss * weight
-            loss.backward()
-        grads = _grads(model)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - started
-    return {"peak_bytes": peak.peak, "start_bytes": peak.start, "seconds": seconds}, grads
-
-
-def _max_rel_diff(a: dict, b: dict) -> float:
-    """Largest difference of any parameter's gradient, relative to that gradient's size. Gradients that are
-    zero in exact arithmetic (an attention key bias: softmax ignores it) come out as float noise, about
-    1e-11; they are measured against a thousandth of the largest gradient instead of against themselves."""
-    floor = 1e-3 * max((g.abs().max().item() for g in a.values()), default=0.0)
-    worst = 0.0
-    for name in a:
-        scale = max(a[name].abs().max().item(), floor) or 1.0
-        worst = max(worst, (a[name] - b[name]).abs().max().item() / scale)
-    return worst
-
-
 def _fresh(ctx: PhaseContext, labels: list[str]):
     """The model as training builds it, and a plain AdamW over its trainable parameters."""
     torch.manual_seed(ctx.spec.training.seed)
-    model = ctx.kind.build(ctx.model_dir, labels, ctx.spec.adaptation).to(ctx.device)
+    model = ctx.kind.model.load(ctx.model_dir, labels, ctx.spec.adaptation).to(ctx.device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return model, torch.optim.AdamW(trainable, lr=ctx.spec.training.learning_rate)
 
@@ -181,7 +108,7 @@ def _fresh(ctx: PhaseContext, labels: list[str]):
 def run(ctx: PhaseContext) -> dict:
     spec, kind, device = ctx.spec, ctx.kind, ctx.device
     labels = ctx.labels
-    processor = kind.processor(ctx.model_dir)
+    processor = kind.model.processor(ctx.model_dir)
     m, k = spec.training.microbatch, max(2, spec.training.grad_accum)
     variants = {}
     for name, checkpointing, accumulated in VARIANTS:
@@ -218,7 +145,7 @@ def run(ctx: PhaseContext) -> dict:
         # The plain step's measured peak is the prediction for training: the same model, batch shape and
         # optimizer, with the optimizer state already allocated by that step.
         "predicted_peak_bytes": plain["peak_bytes"],
-        "loss_normalization": "per token across the accumulated batch" if kind.token_loss else "per example",
+        "loss_normalization": "per token across the accumulated batch" if kind.task.loss == "token" else "per example",
         "grad_accum_verified_with": k,
     }
 
@@ -228,10 +155,10 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
     memory estimate and the parameter check after two updates."""
     model, optimizer = _fresh(ctx, labels)
     record = {"microbatch": batch["labels"].shape[0] // parts, "accumulated": parts, "checkpointing": checkpointing}
-    token_loss = ctx.kind.token_loss
+    loss_per = ctx.kind.task.loss
     try:
-        measured, grads = _step(
-            model, _split(batch, parts), token_loss, checkpointing, optimizer, ctx.device, ctx.precision
+        measured, grads = measured_step(
+            model, split_batch(batch, parts), loss_per, checkpointing, optimizer, ctx.device, ctx.precision
         )
     except Exception as exc:
         if not is_oom(exc):
@@ -247,7 +174,7 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
         record["estimate_bytes"] = estimate_step(model, measured["peak_bytes"] - measured["start_bytes"]).as_dict()
         checker = ParameterCheck(model, ctx.spec.adaptation.method)
         checker.after_update(model, 1)
-        _step(model, [batch], token_loss, False, optimizer, ctx.device, ctx.precision)
+        measured_step(model, [batch], loss_per, False, optimizer, ctx.device, ctx.precision)
         checker.after_update(model, 2)
         record["parameter_check"] = {"passed": checker.done, **checker.summary()}
     return Variant(record, grads)
@@ -257,17 +184,17 @@ def _gradient_checks(ctx: PhaseContext, processor, labels, variants: dict[str, V
     """Largest relative gradient difference of each variant against what it must equal."""
     checks = {}
     if variants["checkpointing"].grads is not None:
-        checks["checkpointing_vs_plain"] = _max_rel_diff(variants["plain"].grads, variants["checkpointing"].grads)
+        checks["checkpointing_vs_plain"] = max_rel_diff(variants["plain"].grads, variants["checkpointing"].grads)
     if variants["accumulation"].grads is not None:
         # Reference: one batch of k x microbatch, measured without timing (it may need more memory).
         # Eval mode (no dropout): the two batch shapes would draw different dropout masks otherwise.
         batch = _batch(ctx, processor, labels, ctx.spec.training.microbatch * k)
-        token_loss = ctx.kind.token_loss
-        whole = _eval_grads(_fresh(ctx, labels)[0], [batch], token_loss, ctx.device, ctx.precision)
-        accumulated = _eval_grads(_fresh(ctx, labels)[0], _split(batch, k), token_loss, ctx.device, ctx.precision)
-        checks["accumulation_vs_one_batch"] = _max_rel_diff(whole, accumulated)
+        loss_per = ctx.kind.task.loss
+        whole = eval_gradients(_fresh(ctx, labels)[0], [batch], loss_per, ctx.device, ctx.precision)
+        accumulated = eval_gradients(_fresh(ctx, labels)[0], split_batch(batch, k), loss_per, ctx.device, ctx.precision)
+        checks["accumulation_vs_one_batch"] = max_rel_diff(whole, accumulated)
         if variants["combined"].grads is not None:
-            checks["combined_vs_accumulation"] = _max_rel_diff(
+            checks["combined_vs_accumulation"] = max_rel_diff(
                 variants["accumulation"].grads, variants["combined"].grads
             )
     return checks
@@ -286,13 +213,3 @@ def _does_not_fit(spec, variants: dict[str, Variant]) -> OutOfMemory:
         ]
     )
     return OutOfMemory(f"probe: one step at microbatch {m} x {spec.model.max_length} tokens does not fit", hints)
-
-
-def _eval_grads(model, micro: list[dict], token_loss: bool, device, precision: str) -> dict[str, torch.Tensor]:
-    """Gradients of the accumulated, normalised loss over `micro`, in eval mode (dropout off)."""
-    model.eval()
-    for part, weight in zip(micro, _loss_weights(micro, token_loss), strict=True):
-        with _autocast(device, precision):
-            loss = model(**part).loss * weight
-        loss.backward()
-    return _grads(model)

@@ -5,19 +5,10 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import InvalidInput
-from entrypoint.evaluation.verdict import RULES
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
-from entrypoint.report.results import (
-    RESULTS_VERSION,
-    Results,
-    bar_family,
-    checkpoint_summary,
-    config_sha256,
-    limitations,
-    throughput_summary,
-)
+from entrypoint.report.results import Results, bar_family, build_results
 from entrypoint.tracking import RunRef, open_tracking, stored_ids, tracking_key
 from entrypoint.training.environment import environment
 
@@ -26,11 +17,8 @@ __all__ = ["run"]
 
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
-    data = ctx.data_result
-    baseline = ctx.read_json("phases/baseline/result.json")
-    train = ctx.read_json("phases/train/result.json")
-    evaluated = ctx.read_json("phases/evaluate/result.json")
-    test = ctx.read_json("phases/test/result.json")
+    baseline, train = ctx.result("baseline"), ctx.result("train")
+    evaluated, test = ctx.result("evaluate"), ctx.result("test")
     selected = evaluated["selected"]
     if "runner_up" not in evaluated or "comparison" not in test:
         raise InvalidInput(
@@ -40,69 +28,14 @@ def run(ctx: PhaseContext) -> dict:
             "again with intervals, or run the spec under a new job.id"
         )
 
-    trials, configs = [], []
-    records = {}
-    for trial_id in train["order"]:
-        record = records[trial_id] = ctx.read_json(trial_result_key(trial_id))
-        scored = evaluated["trials"][trial_id]
-        config_key = f"trials/{trial_id}/eval/eval_config.json"
-        config = ctx.read_json(config_key) if "metrics" in scored else None
-        if config is not None:
-            configs.append(config)
-        trials.append(
-            {
-                "id": trial_id,
-                "reference": record["reference"],
-                "changes": record["changes"],
-                "rationale": record["rationale"],
-                "status": record["status"],
-                "reason": record["reason"],
-                "steps": record.get("steps"),
-                "planned_steps": record.get("planned_steps"),
-                "budget": record["budget"],
-                "metrics": scored.get("metrics"),
-                "hypothesis": scored.get("hypothesis"),
-                "guardrails": scored.get("guardrails", []),
-                "guardrails_result": scored.get("guardrails_result"),
-                "comparison": scored.get("comparison"),
-                "changed": scored.get("changed"),
-                "eval_config_sha256": config_sha256(config) if config else None,
-                "losses": record.get("losses", []),
-                "eval_losses": record.get("eval_losses", []),
-                "checkpoints": checkpoint_summary(record),
-                "throughput": throughput_summary(record),
-            }
-        )
-    chosen = evaluated["trials"][selected]
-    env = environment()
-    results = {
-        "results_version": RESULTS_VERSION,
-        "job": {"id": spec.job.id, "description": spec.job.description, "spec_sha256": ctx.spec_sha256},
-        "hypothesis": {**spec.hypothesis.model_dump(include={"task", "statement", "metric", "min_gain"})},
-        "guardrails": [g.model_dump() for g in spec.guardrails],
-        "data": {"data_version": data["data_version"], "counts": data["counts"], "leaks": data["leaks"]["counts"]},
-        "baseline": {"method": baseline["eval_config"]["baseline"]["method"], "metrics": baseline["metrics"]},
-        "trials": trials,
-        "eval_configs_identical": len({config_sha256(c) for c in configs}) <= 1,
-        "selected": {"trial_id": selected, "why": evaluated["selection"], "runner_up": evaluated["runner_up"]},
-        "intervals": evaluated["eval_config"]["intervals"],
-        "rules": RULES,
-        "power": baseline["power"],
-        "verdict": {"eval": _split_verdict(chosen), "test": _split_verdict(test)},
-        "test": {
-            "test_sha256": test["test_sha256"],
-            "examples": sum(data["counts"]["test"].values()),
-            "override": test["override"],
-            "baseline": test["baseline"],
-            "trial": test["trial"],
-            "guardrails": test["guardrails"],
-            "comparison": test["comparison"],
-            "changed": test["changed"],
-        },
-        "environment": {"backend": env["backend"], "torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
-        "limitations": [],
+    records = {t: ctx.read_json(trial_result_key(t)) for t in train["order"]}
+    configs = {
+        t: ctx.read_json(f"trials/{t}/eval/eval_config.json") if "metrics" in evaluated["trials"][t] else None
+        for t in train["order"]
     }
-    results["limitations"] = limitations(results, records, results["baseline"]["method"])
+    committed = {"data": ctx.data_result, "baseline": baseline, "train": train, "evaluate": evaluated, "test": test}
+    results = build_results(spec, ctx.spec_sha256, committed, records, configs, environment(), ctx.kind.task)
+    trials = results["trials"]
     Results.model_validate(results)  # the schema we publish is the one we write
 
     curves = {
@@ -112,7 +45,7 @@ def run(ctx: PhaseContext) -> dict:
         }
         for t in trials
     }
-    family, names = bar_family(spec.hypothesis.task, baseline["metrics"])
+    family, names = bar_family(ctx.kind.task.breakdown, baseline["metrics"])
     series = {"baseline": [baseline["metrics"][n] for n in names]}
     series.update({t["id"]: [t["metrics"][n] for n in names] for t in trials if t["metrics"]})
     files = {
@@ -132,18 +65,6 @@ def run(ctx: PhaseContext) -> dict:
     ctx.log(f"report: {ctx.store.uri}/report/report.md ({len(results['limitations'])} limitations noted)")
     _track(ctx, results, [local / name for name in files if name != "results.schema.json"])
     return {"selected": selected, "verdict": results["verdict"], "files": sorted(_files(ctx))}
-
-
-def _split_verdict(scored: dict) -> dict:
-    """The verdict on one split: the hypothesis' result, the gain and its interval, the guardrails' result."""
-    h = scored["hypothesis"]
-    return {
-        "hypothesis": h["result"],
-        "gain": h["gain"],
-        "interval": h["interval"],
-        "min_gain": h["min_gain"],
-        "guardrails": scored["guardrails_result"],
-    }
 
 
 def _files(ctx: PhaseContext) -> list[str]:

@@ -8,25 +8,24 @@ import hashlib
 
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import judge
-from entrypoint.evaluation.procedure import baseline_outputs, eval_config, evaluate_trial, score
 from entrypoint.evaluation.seal import open_seal
 from entrypoint.job.state import to_jsonl
-from entrypoint.training.model import hash_base_model
+from entrypoint.trial.evaluate import baseline_outputs, evaluate_trial, split_config
 
 __all__ = ["run"]
 
 
 def run(ctx: PhaseContext) -> dict:
-    spec = ctx.spec
-    selected = ctx.read_json("phases/evaluate/result.json")["selected"]
+    spec, task = ctx.spec, ctx.kind.task
+    selected = ctx.result("evaluate")["selected"]
     test_sha256 = hashlib.sha256(ctx.store.get_bytes("phases/data/test.jsonl")).hexdigest()
     override = open_seal(ctx, test_sha256, selected)
 
     rows = ctx.read_split("test")
     untouched = baseline_outputs(ctx, rows)
-    baseline = score(spec, rows, untouched.outputs, ctx.labels)
+    baseline = task.score(rows, untouched.outputs, ctx.labels)
     _, outputs, report = evaluate_trial(ctx, selected, "test")
-    config = eval_config(spec, ctx.kind, "test", ctx.data_version, hash_base_model(ctx.model_dir).sha256)
+    config = split_config(ctx, "test")
     ctx.store.put_bytes(
         "phases/test/predictions.jsonl",
         to_jsonl(
@@ -36,7 +35,7 @@ def run(ctx: PhaseContext) -> dict:
     )
     ctx.write_json("phases/test/eval_config.json", {**config, "baseline": untouched.method})
     ctx.write_json("phases/test/metrics.json", {"baseline": baseline, selected: report})
-    judged = judge(spec, rows, ctx.labels, untouched.outputs, outputs)
+    judged = judge(spec, rows, task.tally(rows, untouched.outputs, ctx.labels), task.tally(rows, outputs, ctx.labels))
     v = judged["hypothesis"]
     ctx.log(
         f"test: {selected}: {v['metric']} {v['trial']:.3f} vs baseline {v['baseline']:.3f} on {len(rows)} sealed test "

@@ -48,7 +48,7 @@ PACKED_BUDGET_UNIT = "packed rows processed (optimizer steps x microbatch x grad
 def run(ctx: PhaseContext) -> dict:
     trials = resolve_trials(ctx.spec)
     # What a step draws from: the train examples, or with packing the rows the probe counted.
-    n_train = ctx.read_json("phases/probe/result.json").get("train_rows") or len(ctx.read_split("train"))
+    n_train = ctx.result("probe").get("train_rows") or len(ctx.read_split("train"))
     summary = {}
     for trial in trials:
         key = trial_result_key(trial.id)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from entrypoint.context import PhaseContext
-from entrypoint.evaluation.procedure import score
 from entrypoint.job.state import read_jsonl
 
 __all__ = ["VERIFY_TOLERANCE", "VerificationFailed", "run"]
@@ -26,7 +25,7 @@ class VerificationFailed(RuntimeError):
 
 
 def run(ctx: PhaseContext) -> dict:
-    selected = ctx.read_json("phases/evaluate/result.json")["selected"]
+    selected = ctx.result("evaluate")["selected"]
     ctx.store.delete("phases/verify/fresh_process.json")
     command = [
         sys.executable,
@@ -52,7 +51,7 @@ def run(ctx: PhaseContext) -> dict:
     at_end_outputs = [
         r["output"] for r in read_jsonl(ctx.store.get_bytes(f"trials/{selected}/eval_outputs_at_end.jsonl"))
     ]
-    at_end = score(ctx.spec, rows, at_end_outputs, ctx.labels)["metrics"]
+    at_end = ctx.kind.task.score(rows, at_end_outputs, ctx.labels)["metrics"]
     differences = {name: abs(fresh["metrics"][name] - value) for name, value in at_end.items()}
     worst = max(differences, key=differences.get)
     if differences[worst] > VERIFY_TOLERANCE:

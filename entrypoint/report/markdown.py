@@ -72,7 +72,7 @@ def render_markdown(results: dict) -> str:
             + ("the choice is decided." if runner_up["decided"] else "**not decided** (the interval includes 0)."),
         ]
     completed = [t for t in results["trials"] if t["metrics"]]
-    family, names = bar_family(h["task"], results["baseline"]["metrics"])
+    family, names = bar_family(h.get("breakdown"), results["baseline"]["metrics"])
     lines += [
         "",
         f"## Per category: `{family}` on eval",
@@ -214,7 +214,7 @@ def summary_table(results: dict) -> str:
         if t["reason"]:
             lines.append(f"{'':<15}{t['reason'][:200]}")
     selected = next(t for t in results["trials"] if t["id"] == results["selected"]["trial_id"])
-    family, names = bar_family(results["hypothesis"]["task"], results["baseline"]["metrics"])
+    family, names = bar_family(results["hypothesis"].get("breakdown"), results["baseline"]["metrics"])
     width = max(len(n) for n in [*names, "metric"])
     lines += [
         "",

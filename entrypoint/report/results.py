@@ -16,13 +16,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from entrypoint.evaluation.verdict import RULES
+from jobspec.schema import JobSpec
+
 __all__ = [
     "RESULTS_VERSION",
     "Results",
     "bar_family",
+    "build_results",
     "checkpoint_summary",
     "config_sha256",
     "limitations",
+    "split_verdict",
     "throughput_summary",
 ]
 
@@ -171,21 +176,113 @@ class Results(_Strict):
     limitations: list[str]
 
 
+def build_results(
+    spec: JobSpec,
+    spec_sha256: str,
+    committed: dict[str, dict],
+    records: dict[str, dict],
+    configs: dict[str, dict | None],
+    env: dict,
+    task,
+) -> dict:
+    """results.json from what the phases committed: `committed` (the data, baseline, train, evaluate and
+    test phases' results), each trial's record (trials/<id>/result.json) and eval config (None when it was
+    not evaluated), the environment and the task side (kinds' TaskSide: the breakdown metric and its
+    notes)."""
+    data, baseline, train = committed["data"], committed["baseline"], committed["train"]
+    evaluated, test = committed["evaluate"], committed["test"]
+    selected = evaluated["selected"]
+    trials = []
+    for trial_id in train["order"]:
+        record, scored, config = records[trial_id], evaluated["trials"][trial_id], configs[trial_id]
+        trials.append(
+            {
+                "id": trial_id,
+                "reference": record["reference"],
+                "changes": record["changes"],
+                "rationale": record["rationale"],
+                "status": record["status"],
+                "reason": record["reason"],
+                "steps": record.get("steps"),
+                "planned_steps": record.get("planned_steps"),
+                "budget": record["budget"],
+                "metrics": scored.get("metrics"),
+                "hypothesis": scored.get("hypothesis"),
+                "guardrails": scored.get("guardrails", []),
+                "guardrails_result": scored.get("guardrails_result"),
+                "comparison": scored.get("comparison"),
+                "changed": scored.get("changed"),
+                "eval_config_sha256": config_sha256(config) if config else None,
+                "losses": record.get("losses", []),
+                "eval_losses": record.get("eval_losses", []),
+                "checkpoints": checkpoint_summary(record),
+                "throughput": throughput_summary(record),
+            }
+        )
+    chosen = evaluated["trials"][selected]
+    results = {
+        "results_version": RESULTS_VERSION,
+        "job": {"id": spec.job.id, "description": spec.job.description, "spec_sha256": spec_sha256},
+        "hypothesis": {
+            **spec.hypothesis.model_dump(include={"task", "statement", "metric", "min_gain"}),
+            "breakdown": task.breakdown,
+        },
+        "guardrails": [g.model_dump() for g in spec.guardrails],
+        "data": {"data_version": data["data_version"], "counts": data["counts"], "leaks": data["leaks"]["counts"]},
+        "baseline": {"method": baseline["eval_config"]["baseline"]["method"], "metrics": baseline["metrics"]},
+        "trials": trials,
+        "eval_configs_identical": len({config_sha256(c) for c in configs.values() if c is not None}) <= 1,
+        "selected": {"trial_id": selected, "why": evaluated["selection"], "runner_up": evaluated["runner_up"]},
+        "intervals": evaluated["eval_config"]["intervals"],
+        "rules": RULES,
+        "power": baseline["power"],
+        "verdict": {"eval": split_verdict(chosen), "test": split_verdict(test)},
+        "test": {
+            "test_sha256": test["test_sha256"],
+            "examples": sum(data["counts"]["test"].values()),
+            "override": test["override"],
+            "baseline": test["baseline"],
+            "trial": test["trial"],
+            "guardrails": test["guardrails"],
+            "comparison": test["comparison"],
+            "changed": test["changed"],
+        },
+        "environment": {"backend": env["backend"], "torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
+        "limitations": [],
+    }
+    results["limitations"] = limitations(results, records, results["baseline"]["method"], task.notes())
+    return results
+
+
+def split_verdict(scored: dict) -> dict:
+    """The verdict on one split: the hypothesis' result, the gain and its interval, the guardrails' result."""
+    h = scored["hypothesis"]
+    return {
+        "hypothesis": h["result"],
+        "gain": h["gain"],
+        "interval": h["interval"],
+        "min_gain": h["min_gain"],
+        "guardrails": scored["guardrails_result"],
+    }
+
+
 def config_sha256(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def bar_family(task: str, metrics: dict[str, float]) -> tuple[str, list[str]]:
-    """The per-category (or per-field, per-group) metric the bar plot shows, and its names."""
-    family = {"classification": "f1", "extraction": "field_accuracy", "format": "format_valid_rate"}[task]
+def bar_family(family: str | None, metrics: dict[str, float]) -> tuple[str, list[str]]:
+    """The per-category (or per-field, per-group) metric the bar plot shows (`family`: the task side's
+    breakdown, results["hypothesis"]["breakdown"]; None in results of an earlier rentune), and its names."""
+    family = family or "metric"
     names = sorted(n for n in metrics if n.startswith(f"{family}/"))
     if not names:  # no groups: the headline rates side by side
         names = sorted(n for n in metrics if "/" not in n and "@" not in n and 0.0 <= metrics[n] <= 1.0)
     return family, names
 
 
-def limitations(results: dict, train: dict, baseline_method: str) -> list[str]:
-    """What a reader should know before trusting the numbers, from what was observed in this run."""
+def limitations(results: dict, train: dict, baseline_method: str, task_notes: list[str]) -> list[str]:
+    """What a reader should know before trusting the numbers, from what was observed in this run
+    (`task_notes`: the task side's own, shown when a trial was selected)."""
     notes = []
     test, selected = results["test"], results["selected"]["trial_id"]
     metric = results["hypothesis"]["metric"]
@@ -246,6 +343,6 @@ def limitations(results: dict, train: dict, baseline_method: str) -> list[str]:
             notes.append(f"Trial {trial_id} resumed on a different platform: {record['platform_change']['now']}.")
     if results["environment"].get("backend") == "cpu":
         notes.append("Trained on CPU: peak memory figures are process RSS, not a GPU allocator peak.")
-    if selected and results["hypothesis"]["task"] != "classification":
-        notes.append("Generated outputs are scored with strict JSON parsing: text around the JSON counts as invalid.")
+    if selected:
+        notes.extend(task_notes)
     return notes

@@ -394,7 +394,7 @@ def build_trainer(
     *,
     output_dir: Path,
     device: torch.device,
-    token_loss: bool,
+    loss_per: str,
     callbacks: Sequence[TrainerCallback] = (),
     deepspeed: dict | None = None,
     eval_features: Sequence[dict] | None = None,
@@ -402,10 +402,10 @@ def build_trainer(
 ) -> Trainer:
     """A Trainer whose checkpoints go through StoreCheckpointCallback. Its own tracker integrations stay off
     (`report_to="none"`: they start a new W&B run per attempt); entrypoint/tracking continues one run instead.
-    `token_loss`: the model's loss is normalised per token across the accumulated batch (causal LMs), so the
-    Trainer must not divide it again. `precision`: training.precision resolved for the device
-    (device.resolve_precision). With `eval_features`, the eval loss is measured about 4 times during the
-    run (for the loss curves)."""
+    `loss_per` "token": the model's loss is normalised per token across the accumulated batch (causal LMs),
+    so the Trainer must not divide it again; "example": one label per sequence (kinds' TaskSide.loss).
+    `precision`: training.precision resolved for the device (device.resolve_precision). With
+    `eval_features`, the eval loss is measured about 4 times during the run (for the loss curves)."""
     # Under torchrun each optimizer step consumes world_size microbatches x grad_accum.
     steps = planned_steps(training, len(train_features), world_size=int(os.environ.get("WORLD_SIZE", "1")))
     every = training.checkpoint.every_steps
@@ -461,5 +461,5 @@ def build_trainer(
     # losses do (per token across the whole accumulated batch); a sequence classifier's loss ignores it but
     # its forward takes **kwargs, which the Trainer mistakes for support, and the gradient came out summed
     # (tests/integration/test_probe_and_params.py measures it).
-    trainer.model_accepts_loss_kwargs = token_loss
+    trainer.model_accepts_loss_kwargs = loss_per == "token"
     return trainer

@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load, load_file
 
 from entrypoint.context import PhaseContext
-from entrypoint.evaluation.procedure import score
 from entrypoint.job.state import trial_result_key
 from entrypoint.store import ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, find_latest
 from entrypoint.training.model import SHARD_INDEX, ModelError, sharded_weights
+from entrypoint.trial.evaluate import trial_adaptation
 
 __all__ = ["SHARD_INDEX", "WEIGHT_FILES", "RecheckError", "load_weights", "recheck", "weight_files"]
 
@@ -49,7 +49,6 @@ def load_weights(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
 def recheck(ctx: PhaseContext, trial_id: str, log) -> dict:
     """The fresh process's record of `trial_id` (see the module docstring): its checkpoint, reloaded as a
     user would, re-runs the eval split."""
-    spec = ctx.spec
     record = ctx.read_json(trial_result_key(trial_id))
     into = ctx.workdir / "checkpoint"
     shutil.rmtree(into, ignore_errors=True)
@@ -76,16 +75,16 @@ def recheck(ctx: PhaseContext, trial_id: str, log) -> dict:
     if not same:
         raise RecheckError(f"trial {trial_id}: final/{names[0]}... differs from checkpoint step {found.step}'s weights")
 
-    kind, labels = ctx.kind, ctx.labels
-    model = kind.reload(ctx.model_dir, found.folder, labels, record["settings"]["adaptation"]["method"])
+    side, labels = ctx.kind.model, ctx.labels
+    model = side.load(ctx.model_dir, labels, trial_adaptation(record), trained=found.folder)
     rows = ctx.read_split("eval")
-    outputs = kind.predict(model, kind.processor(ctx.model_dir), rows, labels, ctx.device)
+    outputs = side.predict(model, side.processor(ctx.model_dir), rows, labels, ctx.device)
     return {
         "trial_id": trial_id,
         "checkpoint_step": found.step,
         "checkpoint_files": sorted(found.manifest["files"]),
         "weights_equal_final": True,
-        "metrics": score(spec, rows, outputs, labels)["metrics"],
+        "metrics": ctx.kind.task.score(rows, outputs, labels)["metrics"],
         "outputs": outputs,
         "pid": os.getpid(),
     }

@@ -106,7 +106,7 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
 
     # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
     model = trainer.model if not is_rank() else _reload(ctx, setup, final)
-    outputs = ctx.kind.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
+    outputs = ctx.kind.model.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
     ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
     state = trainer.state
     cut = state.global_step < state.max_steps  # not SIGTERM (raised in _fit): the plan's deadline
@@ -145,11 +145,11 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
 
 def _prepare(ctx: PhaseContext, trial: Trial) -> _Setup:
     """The trial's model (LoRA-wrapped or full), its encoded train and eval splits, and its scratch folder."""
-    spec, kind, labels = trial_spec(ctx.spec, trial), ctx.kind, ctx.labels
+    spec, side, labels = trial_spec(ctx.spec, trial), ctx.kind.model, ctx.labels
     set_seed(spec.training.seed)
-    processor = kind.processor(ctx.model_dir)
+    processor = side.processor(ctx.model_dir)
     try:
-        model = kind.build(ctx.model_dir, labels, spec.adaptation)
+        model = side.load(ctx.model_dir, labels, spec.adaptation)
     except ValueError as exc:  # e.g. peft: target modules not found in the base model
         raise InvalidTrial(f"adaptation: the base model cannot take these settings: {exc}") from None
     eval_rows = ctx.read_split("eval")  # predictions on eval are generated from the rows
@@ -265,7 +265,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()
         precision = resolve_precision(spec.training, ctx.device)
-        counter = CountingCollator(ctx.kind.collator(setup.processor))
+        counter = CountingCollator(ctx.kind.model.collator(setup.processor))
         context = setup.data["mean_tokens_per_example"]
         flops, parts = flops_per_token(setup.model, context) if context else (None, {})
         meter = ThroughputMeter(counter, flops, parts, *peak_flops(ctx.device, precision))
@@ -278,7 +278,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
             spec.training,
             output_dir=setup.out / "trainer",
             device=ctx.device,
-            token_loss=ctx.kind.token_loss,
+            loss_per=ctx.kind.task.loss,
             callbacks=[meter, progress, saver, first_steps, divergence, *tracking_callbacks],
             deepspeed=deepspeed_config(spec.distribution, precision)
             if spec.distribution.strategy == "deepspeed"
@@ -310,7 +310,7 @@ def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:
     held = hf_deepspeed._hf_deepspeed_config_weak_ref
     hf_deepspeed.unset_hf_deepspeed_config()
     try:
-        return ctx.kind.reload(ctx.model_dir, final, ctx.labels, setup.spec.adaptation.method)
+        return ctx.kind.model.load(ctx.model_dir, ctx.labels, setup.spec.adaptation, trained=final)
     finally:
         hf_deepspeed._hf_deepspeed_config_weak_ref = held
 
@@ -318,7 +318,7 @@ def _reload(ctx: PhaseContext, setup: _Setup, final: Path) -> torch.nn.Module:
 def _memory(ctx: PhaseContext, trial: Trial, peak: int | None) -> dict:
     """The first steps' peak next to the probe's prediction. The probe measured main's settings; its
     prediction applies to a variant only if they match there."""
-    predicted = ctx.read_json("phases/probe/result.json")["predicted_peak_bytes"]
+    predicted = ctx.result("probe")["predicted_peak_bytes"]
     probed = trial.id == MAIN or all(
         getattr(trial.training, f) == getattr(ctx.spec.training, f)
         for f in ("microbatch", "activation_checkpointing", "precision")

@@ -18,7 +18,7 @@ def test_nan_loss_stops_training_and_raises(tmp_path, poison):
     folder = build_tiny_bert(tmp_path / "bert")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     kind = kind_of(tiny_job("nan", folder))
-    model = kind.build(folder, ["a", "b"], Adaptation(target_modules=["query", "value"]))
+    model = kind.model.load(folder, ["a", "b"], Adaptation(target_modules=["query", "value"]))
     if poison:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
@@ -29,12 +29,12 @@ def test_nan_loss_stops_training_and_raises(tmp_path, poison):
     divergence = DivergenceCallback()
     trainer = build_trainer(
         model,
-        kind.collator(tokenizer),
+        kind.model.collator(tokenizer),
         features,
         training,
         output_dir=tmp_path / "out",
         device=torch.device("cpu"),
-        token_loss=kind.token_loss,
+        loss_per=kind.task.loss,
         callbacks=[divergence],
     )
     trainer.train()

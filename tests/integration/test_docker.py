@@ -273,5 +273,5 @@ def test_worker_in_docker_is_stopped_then_resumes_and_completes(engine, images, 
     fetched = _host("fetch", JOB, *flags, "--with-adapter", "--dest", str(tmp_path / "fetched"), cwd=tmp_path)
     assert fetched.returncode == 0, fetched.stderr
     export = next(path.parent for path in (tmp_path / "fetched").rglob("BINDING.json"))
-    verified = _host("verify-export", str(export), "--base", str(_minilm()), cwd=tmp_path)
+    verified = _host("check-export", str(export), "--base", str(_minilm()), cwd=tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr

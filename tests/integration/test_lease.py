@@ -114,7 +114,7 @@ def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_jo
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
     def verify_export(base: Path) -> subprocess.CompletedProcess:
-        command = [RENTUNE, "verify-export", str(job / "export"), "--base", str(base)]
+        command = [RENTUNE, "check-export", str(job / "export"), "--base", str(base)]
         return subprocess.run(command, env=env, capture_output=True, text=True)
 
     accepted = verify_export(model)
@@ -131,7 +131,7 @@ def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_jo
 
 
 def _verify_export(export: Path, base: Path) -> subprocess.CompletedProcess:
-    command = [RENTUNE, "verify-export", str(export), "--base", str(base)]
+    command = [RENTUNE, "check-export", str(export), "--base", str(base)]
     return subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
 
 

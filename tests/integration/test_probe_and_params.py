@@ -79,14 +79,14 @@ def test_probe_records_four_variants_and_verifies_them(tmp_path, bert):
 def test_probe_that_does_not_fit_says_what_would(tmp_path, bert, monkeypatch):
     ctx = _ctx(tmp_path, _classification_spec(bert))
     ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
-    real_step = probe_phase._step
+    real_step = probe_phase.measured_step
 
     def step_that_fits_only_with_checkpointing(model, micro, causal, checkpointing, optimizer, device, precision):
         if not checkpointing:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_step(model, micro, causal, checkpointing, optimizer, device, precision)
 
-    monkeypatch.setattr(probe_phase, "_step", step_that_fits_only_with_checkpointing)
+    monkeypatch.setattr(probe_phase, "measured_step", step_that_fits_only_with_checkpointing)
     with pytest.raises(OutOfMemory) as caught:
         probe_phase.run(ctx)
     assert caught.value.advice == ["set training.activation_checkpointing: true"]
@@ -124,24 +124,24 @@ def test_lora_target_that_matches_nothing_is_an_error(bert):
 
 def _lora_classifier(model: Path, adaptation: Adaptation):
     """The text classifier's model to train, as the train phase builds it."""
-    return kind_of(tiny_job("p", model)).build(model, ["a", "b"], adaptation)
+    return kind_of(tiny_job("p", model)).model.load(model, ["a", "b"], adaptation)
 
 
 def _one_sgd_step(tmp_path: Path, spec: dict, rows: list[dict], labels: list[str]) -> dict:
     ctx = _ctx(tmp_path, spec)
     kind, folder = ctx.kind, ctx.model_dir
-    tokenizer = kind.processor(folder)
+    tokenizer = kind.model.processor(folder)
     torch.manual_seed(0)
-    model = kind.build(folder, labels, ctx.spec.adaptation)
-    features = step_rows(ctx.spec, [e.features for e in kind.encode(tokenizer, rows, labels)])
+    model = kind.model.load(folder, labels, ctx.spec.adaptation)
+    features = step_rows(ctx.spec, [e.features for e in kind.model.encode(tokenizer, rows, labels)])
     trainer = build_trainer(
         model,
-        kind.collator(tokenizer),
+        kind.model.collator(tokenizer),
         features,
         ctx.spec.training,
         output_dir=tmp_path / "out",
         device=torch.device("cpu"),
-        token_loss=kind.token_loss,
+        loss_per=kind.task.loss,
     )
     trainer.train()
     model.save_pretrained(tmp_path / "saved")
@@ -211,8 +211,8 @@ def test_a_packed_step_equals_the_unpacked_step_over_the_same_examples(tmp_path,
     spec["training"].update(microbatch=32, grad_accum=2)
     unpacked = _one_sgd_step(tmp_path / "padded", spec, rows, ["all"])
     ctx = _ctx(tmp_path / "count", {**spec, "training": {**spec["training"], "packing": True}})
-    tokenizer = ctx.kind.processor(ctx.model_dir)
-    n_rows = len(step_rows(ctx.spec, [e.features for e in ctx.kind.encode(tokenizer, rows, ["all"])]))
+    tokenizer = ctx.kind.model.processor(ctx.model_dir)
+    n_rows = len(step_rows(ctx.spec, [e.features for e in ctx.kind.model.encode(tokenizer, rows, ["all"])]))
     assert n_rows < 40  # several examples per row, or the test would not test packing
     spec["training"].update(microbatch=-(-n_rows // 2), grad_accum=2, packing=True)
     packed = _one_sgd_step(tmp_path / "packed", spec, rows, ["all"])
@@ -234,18 +234,18 @@ def test_probe_measures_full_packed_rows(tmp_path, llama, precision):
     ctx = _ctx(tmp_path, spec)
     ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
     shapes = []
-    real_step = probe_phase._step
+    real_step = probe_phase.measured_step
 
     def recording_step(model, micro, *args):
         shapes.extend(tuple(m["input_ids"].shape) for m in micro)
         assert all("position_ids" in m and "attention_mask" not in m for m in micro)
         return real_step(model, micro, *args)
 
-    probe_phase._step, saved = recording_step, probe_phase._step
+    probe_phase.measured_step, saved = recording_step, probe_phase.measured_step
     try:
         result = probe_phase.run(ctx)
     finally:
-        probe_phase._step = saved
+        probe_phase.measured_step = saved
     assert set(shapes) == {(4, 48)}  # microbatch 4 rows, each full
     assert result["precision"] == precision and result["packing"]
     examples = len(ctx.read_split("train"))

@@ -56,11 +56,11 @@ def test_a_second_work_directory_trains_from_the_stored_tokens_without_tokenizin
 
     # what is stored is exactly what the kind's encoder gives, example by example
     kind, job_store = kind_of(spec), PrefixedStore(store, "jobs/tokens")
-    processor = kind.processor(bert)
+    processor = kind.model.processor(bert)
     rows = [json.loads(line) for line in job_store.get_bytes("phases/data/train.jsonl").decode().splitlines()]
     labels = _data_result(tmp_path / "store", "tokens")["labels"]
     stored = TokenizedSplit(tmp_path / f"node-a/tokens/tokens/{record['key']}/train.arrow")
-    direct = kind.encode(processor, rows, labels)
+    direct = kind.model.encode(processor, rows, labels)
     assert len(stored) == len(direct) == record["files"]["train"]["rows"]
     assert list(features_of(stored)) == [e.features for e in direct]
     assert [(e.full_length, e.truncated) for e in stored] == [(e.full_length, e.truncated) for e in direct]

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from entrypoint.phases.data import DataError, data_version, split_rows
+from entrypoint.data.reading import DataError
+from entrypoint.data.split import data_version, split_rows
 
 ROWS = [{"text": f"message number {i} about {label}", "label": label} for label in "abc" for i in range(20)]
 

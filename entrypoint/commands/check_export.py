@@ -1,0 +1,43 @@
+"""`rentune check-export DIRECTORY --base BASE`: an export is intact and belongs to this base model
+(entrypoint/report/binding.py). `verify-export`, its name before, stays as a hidden alias."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import click
+
+from entrypoint.commands.exits import Refused, exits
+
+
+@click.command("check-export")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--base",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The base model folder you intend to load the adapter onto.",
+)
+def check_export(directory: Path, base: Path) -> None:
+    """Check that DIRECTORY (an export: BINDING.json, adapter/, spec and report) is intact and belongs to
+    the base model in BASE.
+
+    Exit 0 when every file matches its sha256 in BINDING.json and the base model's sha256 matches; exit 2
+    naming what differs otherwise. Load an adapter only onto a base model this command accepts."""
+    from entrypoint.report.binding import check_export as check
+
+    with exits():
+        binding, problems = check(directory, base)
+        if problems:
+            raise Refused(*(f"rentune: refused: {line}" for line in problems))
+        click.echo(
+            f"OK {directory}: {len(binding['files'])} files intact; trial {binding['trial_id']} of job "
+            f"{binding['job_id']} belongs to {base} (sha256 {binding['base_model']['sha256'][:16]}...)"
+        )
+
+
+# The same command under its old name, left out of --help ("verify" now names only the verify phase).
+verify_export = copy.copy(check_export)
+verify_export.name = "verify-export"
+verify_export.hidden = True

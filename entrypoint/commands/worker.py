@@ -1,0 +1,52 @@
+"""`rentune worker`: claim queued jobs from the bucket one at a time and run them (the images' default
+command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from entrypoint.commands.exits import exits
+from entrypoint.commands.options import StoreFlags, log, store_options, workdir_option
+
+
+@click.command("worker")
+@store_options
+@workdir_option
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(min=1.0),
+    default=300.0,
+    show_default=True,
+    help="A claim without a heartbeat for this long belongs to a dead worker and is taken over.",
+)
+@click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True)
+@click.option("--exit-when-idle", is_flag=True, help="Return once the queue is empty (default: wait for more).")
+def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds: float, exit_when_idle: bool) -> None:
+    """Claim queued jobs from the bucket one at a time and run them (the image's default command).
+
+    A job runs against this worker's store whatever its spec's store.uri says; its data and model
+    paths must exist on this node (or be s3:// data)."""
+    from dataclasses import replace
+
+    from entrypoint.job.queue import Worker
+    from entrypoint.runner import run_job
+    from entrypoint.training.environment import quiet_libraries
+    from jobspec.schema import Store as StoreSection
+
+    with exits():
+        quiet_libraries()
+        root = store.open()
+        ours = StoreSection(
+            uri=store.uri, endpoint_url=store.endpoint_url, region=store.region, addressing_style=store.addressing_style
+        )
+
+        def run_one(loaded, job_log):
+            # A queued spec is untrusted: its data is read with this worker's store settings, never with an
+            # endpoint the spec names (which would receive this node's credentials).
+            run_job(replace(loaded, spec=loaded.spec.model_copy(update={"store": ours})), root, workdir, job_log)
+
+        claims = Worker(root, run_one, log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
+        log(f"worker: {claims.name} watching {root.uri}/queue/")
+        claims.loop(exit_when_idle=exit_when_idle)

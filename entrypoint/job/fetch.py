@@ -1,0 +1,48 @@
+"""`rentune fetch`: a job's report, export metadata and TensorBoard event files, copied from the store to
+a local folder.
+
+    DEST/report/...                     results.json, report.md, plots
+    DEST/export/...                     BINDING.json, spec, results (export/adapter/ only when asked)
+    DEST/tensorboard/<trial>/<file>     one run per trial: `tensorboard --logdir DEST/tensorboard`
+
+Event files come while the job still trains; a fetch again replaces each file whole.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.errors import InvalidInput
+from entrypoint.job.state import stored_spec
+from entrypoint.store import Store
+from jobspec.experiments import resolve_trials
+
+__all__ = ["Fetched", "fetch_job"]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    files: int  # written under the destination
+    report: bool  # report/ or export/ files among them (else TensorBoard event files only)
+    tensorboard: bool  # event files among them
+
+
+def fetch_job(store: Store, dest: Path, with_adapter: bool = False) -> Fetched:
+    """Copy the job's files from `store` (the job's own prefix, `job_store(root, job_id)`) under `dest`.
+    Raises InvalidInput when there is nothing to fetch yet."""
+    keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
+    keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
+    trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head("spec.yaml") else []
+    events = [info.key for trial in trials for info in store.list(f"trials/{trial}/tensorboard")]
+    if not keys and not events:
+        raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
+    targets = {key: dest / key for key in keys}
+    targets.update({key: dest / "tensorboard" / key.split("/")[1] / key.split("/")[-1] for key in events})
+    for key, target in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_bytes(store.get_bytes(key))
+        os.replace(partial, target)  # a fetch again while the job trains replaces each file whole
+    return Fetched(files=len(targets), report=bool(keys), tensorboard=bool(events))

@@ -1,0 +1,54 @@
+"""BINDING.json checked against an export folder and a base model: `rentune check-export`.
+
+The export phase writes BINDING.json (entrypoint/phases/export.py): the size and sha256 of every exported
+file and the hashes of the base model the adapter was trained on. `check_export` reads it back on the
+machine that will load the adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from entrypoint.store import check_key
+from entrypoint.store.hashing import file_sha256
+from entrypoint.store.objects import CorruptObject, StoredObject, loads_object
+from entrypoint.training.model import hash_base_model
+
+__all__ = ["check_export"]
+
+
+def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
+    """Check an export folder against its BINDING.json: every file it lists is there with its size and
+    sha256, no file under adapter/ is unlisted, and `base` hashes to the bound base model. Returns the
+    binding and the problems found (none: the export is intact and belongs to `base`). Raises
+    CorruptObject when BINDING.json is unreadable or lacks what this check needs."""
+    where = directory / "BINDING.json"
+    try:
+        binding = loads_object(where.read_bytes(), str(where))
+    except OSError as exc:
+        raise CorruptObject(f"{where}: cannot read the binding ({exc.strerror or exc})") from None
+    files, expected = binding["files"], binding["base_model"]
+    if not isinstance(files, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
+        for v in files.values()
+    ):
+        raise CorruptObject(f"{where}: files: expected a mapping of file name -> {{size, sha256}}")
+    problems = []
+    for name, info in sorted(files.items()):
+        path = directory / check_key(name)
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != info["size"] or file_sha256(path) != info["sha256"]:
+            problems.append(f"{path}: differs from its sha256 in BINDING.json (changed or corrupted)")
+    for path in sorted((directory / "adapter").rglob("*")):
+        if path.is_file() and path.relative_to(directory).as_posix() not in files:
+            problems.append(f"{path}: not covered by BINDING.json (added after the export?)")
+    actual = hash_base_model(base)
+    if actual.sha256 != expected["sha256"]:
+        names = sorted(set(expected["files"]) | set(actual.files))
+        differ = [n for n in names if expected["files"].get(n) != actual.files.get(n)]
+        problems.append(
+            f"{base}: base model sha256 {actual.sha256[:16]} differs from BINDING.json's {expected['sha256'][:16]}; "
+            f"files that differ: {', '.join(differ)}"
+        )
+    return binding, problems
