@@ -94,7 +94,7 @@ class PhaseContext:
 
 
 def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], None]) -> tuple[PhaseContext, str]:
-    """The context of a process the runner starts (a torchrun rank, the verify process), rebuilt from the
+    """The context of a process the runner starts (a torchrun rank, the recheck process), rebuilt from the
     store alone: `--store URI --job ID --workdir DIR --trial ID [--endpoint-url --region --addressing-style]`
     (runner.store_args writes them). Returns the context and the trial id."""
     from entrypoint.training.environment import quiet_libraries

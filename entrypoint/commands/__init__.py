@@ -26,7 +26,7 @@ The environment variables rentune reads, and where:
                                    S3 client settings (store/s3.py); boto3 itself reads the rest
                                    (credentials, AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3)
     RENTUNE_MODEL_CACHE            where models pulled from a bucket are kept (store/models.py)
-    RENTUNE_TOKENIZE_WORKERS       tokenizer processes (data/tokens.py)
+    RENTUNE_TOKENIZE_PROCESSES     tokenizer processes (data/tokens.py)
     RENTUNE_PEAK_TFLOPS            the device's peak, for MFU (training/throughput.py)
     RENTUNE_RDZV_ENDPOINT, MASTER_ADDR, MASTER_PORT
                                    the multi-node rendezvous (training/distributed.py)

@@ -14,7 +14,7 @@ from entrypoint.data.packing import pack_plan, packed, row_boundaries
 from entrypoint.data.spool import labels_of
 from entrypoint.data.tokens import full_lengths, truncated_flags
 
-__all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "token_loss"]
+__all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "labels_per_token"]
 
 _MD_TOKENS = 96  # tokens shown per example in the markdown; the JSON holds all of them
 
@@ -35,7 +35,7 @@ def pick_examples(rows: Sequence[dict], encoded: Sequence[Encoded], per_category
     return picked
 
 
-def token_loss(encoded: Encoded) -> bool:
+def labels_per_token(encoded: Encoded) -> bool:
     """True when the loss is on tokens (labels per position), False when on the sequence (one label id)."""
     return isinstance(encoded.features["labels"], list)
 
@@ -43,7 +43,7 @@ def token_loss(encoded: Encoded) -> bool:
 def _tokens(tokenizer, encoded: Encoded) -> list[dict]:
     ids = encoded.features["input_ids"]
     special = set(tokenizer.all_special_ids)
-    labels = encoded.features["labels"] if token_loss(encoded) else None
+    labels = encoded.features["labels"] if labels_per_token(encoded) else None
     return [
         {
             "position": position,
@@ -97,7 +97,7 @@ def build_inspection(
                 "max_length": max_length,
                 "special_tokens": [t["piece"] for t in tokens if t["special"]],
             }
-            if token_loss(item):
+            if labels_per_token(item):
                 in_loss = [t["position"] for t in tokens if t["in_loss"]]
                 record["loss"] = {
                     "kind": "tokens",

@@ -90,15 +90,17 @@ def open_tokens(store, record: dict, split: str, workdir: Path, log: Callable[[s
 
 
 def tokenize_processes(rows: int) -> int:
-    """Processes that tokenize `rows` examples: RENTUNE_TOKENIZE_WORKERS if set, else one below
-    PARALLEL_FROM rows (starting a process costs seconds), else one per core up to 8."""
-    if os.environ.get("RENTUNE_TOKENIZE_WORKERS"):
-        return max(1, int(os.environ["RENTUNE_TOKENIZE_WORKERS"]))
+    """Processes that tokenize `rows` examples: RENTUNE_TOKENIZE_PROCESSES if set (its earlier name
+    RENTUNE_TOKENIZE_WORKERS is still read), else one below PARALLEL_FROM rows (starting a process costs
+    seconds), else one per core up to 8."""
+    chosen = os.environ.get("RENTUNE_TOKENIZE_PROCESSES") or os.environ.get("RENTUNE_TOKENIZE_WORKERS")
+    if chosen:
+        return max(1, int(chosen))
     return 1 if rows < PARALLEL_FROM else max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 class Encoders:
-    """Worker processes that encode chunks of rows (see encoder_pool)."""
+    """The processes that encode chunks of rows (see encoder_pool)."""
 
     def __init__(self, pool, processes: int):
         self.pool, self.processes = pool, processes

@@ -179,7 +179,7 @@ class S3Store:
         if not _BUCKET_RE.match(bucket):
             raise InvalidKey(f"S3 bucket name {bucket!r}: expected 3-255 of [A-Za-z0-9._-]")
         self.bucket = bucket
-        # how another process reopens this store (torchrun workers, the verify process): flag -> value
+        # how another process reopens this store (torchrun ranks, the recheck process): flag -> value
         self.reopen_flags = {"--endpoint-url": endpoint_url, "--region": region, "--addressing-style": addressing_style}
         self.prefix = join_key(prefix) if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from entrypoint.job.state import dumps, tracking_key
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.store.objects import CorruptObject, read_json
+from entrypoint.tracking.base import RunRef, Tracker
 from jobspec.schema import Tracking as TrackingSpec
 
 __all__ = [
@@ -65,47 +64,6 @@ def step_metrics(entry: dict) -> dict[str, float]:
         for key, name in STEP_METRICS.items()
         if isinstance(entry.get(key), int | float) and not isinstance(entry.get(key), bool)
     }
-
-
-@dataclass(frozen=True)
-class RunRef:
-    """Which run a tracker opens: a trial of a job, from which phase."""
-
-    job_id: str
-    trial_id: str
-    store: Store  # the job's store (TensorBoard's event files go there)
-    scratch: Path  # this process's local folder for the trackers' files
-    phase: str  # "train" (steps are replayed and logged) or "report" (results only)
-
-    @property
-    def name(self) -> str:
-        return f"{self.job_id}/{self.trial_id}"
-
-
-class Tracker(Protocol):
-    """One tracking backend's run for one trial. Any method may raise: the caller turns that into a warning."""
-
-    name: str
-
-    def open(self, run: RunRef, ids: dict | None) -> dict:
-        """Start the run, or continue the one `ids` (what an earlier open returned) names. Returns its ids."""
-
-    def logged_steps(self, keys: list[str]) -> dict[str, int]:
-        """Per metric name, the last step this run already holds (absent: none)."""
-
-    def log_params(self, params: dict[str, str]) -> None: ...
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
-
-    def log_summary(self, values: dict[str, str]) -> None:
-        """Run-level values (verdict, status): tags in MLflow, the summary in W&B, text in TensorBoard."""
-
-    def log_files(self, files: list[Path]) -> None: ...
-
-    def sync(self) -> None:
-        """Make what was logged visible where the tracker keeps it (TensorBoard: upload to the store)."""
-
-    def close(self, finished: bool) -> None: ...
 
 
 def _make(name: str, spec: TrackingSpec) -> Tracker:

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from entrypoint.tracking import RunRef
+from entrypoint.tracking.base import RunRef
 from jobspec.schema import MlflowTracking
 
 __all__ = ["CLOSE_WAIT_S", "PARAM_LIMIT", "MlflowRuns", "mlflow_name"]

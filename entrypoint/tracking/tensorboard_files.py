@@ -14,7 +14,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from entrypoint.tracking import RunRef
+from entrypoint.tracking.base import RunRef
 
 __all__ = ["CLOSE_WAIT_S", "FAILED_COPIES", "TensorBoardFiles"]
 

@@ -16,7 +16,7 @@ import struct
 import uuid
 from pathlib import Path
 
-from entrypoint.tracking import RunRef
+from entrypoint.tracking.base import RunRef
 from jobspec.schema import WandbTracking
 
 __all__ = ["WandbRuns"]

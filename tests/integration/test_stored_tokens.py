@@ -127,19 +127,19 @@ def test_stored_tokens_that_differ_from_the_record_are_refused_naming_the_object
     assert not (tmp_path / f"node-b/tokens/{record['key']}/train.arrow").exists()
 
 
-def test_tokens_from_worker_processes_equal_those_encoded_in_process(tmp_path, llama, monkeypatch):
+def test_tokens_from_tokenizer_processes_equal_those_encoded_in_process(tmp_path, llama, monkeypatch):
     """Large data is tokenized by a pool of spawned processes (each loads the tokenizer itself); the
-    stored files must be byte-identical to one process's, and no worker may outlive the phase."""
+    stored files must be byte-identical to one process's, and no process may outlive the phase."""
     import psutil
 
-    monkeypatch.setattr(tokens_module, "CHUNK", 40)  # several chunks per worker, results kept in order
+    monkeypatch.setattr(tokens_module, "CHUNK", 40)  # several chunks per process, results kept in order
     spec = tiny_job("workers", llama)
     spec["hypothesis"] = {"task": "format", "statement": "answers", "format": {"expect_json": False, "regex": ".+"}}
     spec["data"] = {"source": str(TICKETS_FILE), "prompt_field": "text", "response_field": "label"}
     spec["adaptation"]["target_modules"] = ["q_proj", "v_proj"]
     stored, before = {}, {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the tests' S3 server
     for workers in ("1", "2"):
-        monkeypatch.setenv("RENTUNE_TOKENIZE_WORKERS", workers)
+        monkeypatch.setenv("RENTUNE_TOKENIZE_PROCESSES", workers)
         lines: list[str] = []
         root = tmp_path / f"store-{workers}"
         run_job(load(spec), FileStore(root), tmp_path / f"work-{workers}", lines.append, until="data")
