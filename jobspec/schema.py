@@ -220,7 +220,7 @@ class Model(_Section):
     path: PathStr | None = Field(
         None,
         description="Local folder with config.json and *.safetensors, or s3://bucket/prefix: a folder uploaded "
-        "with `rentune push-model`, downloaded and verified on each node.",
+        "with `rentune push-model`, downloaded and checked against its manifest's sha256 on each node.",
     )
     package: str | None = Field(
         None,
@@ -230,7 +230,8 @@ class Model(_Section):
     hub_id: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="A Hugging Face hub id, read from the local hub cache only (no network); needs `revision`.",
+        description="A Hugging Face hub id at `revision` (its pinned 40-hex commit): downloaded into the hub cache "
+        "unless HF_HUB_OFFLINE is set, else (or when the hub cannot be reached) read from the cache.",
     )
     revision: str = Field(
         "local", max_length=200, description="Recorded in BINDING.json; with hub_id, the pinned 40-hex commit."

@@ -8,7 +8,7 @@ quickstart the way a rented node does:
 2. `docker stop` during training: SIGTERM reaches rentune through tini, a checkpoint is committed and the
    container exits 143.
 3. run-node.sh again: the new container resumes from that checkpoint and completes; `rentune status`,
-   `logs`, `fetch --with-adapter` and `verify-export` on the host accept the result.
+   `logs`, `fetch --with-adapter` and `check-export` on the host accept the result.
 
 Skipped, saying why, only where no engine can be had (not root, no apt-get). The engine's data root is
 kept in $RENTUNE_TEST_DOCKER_CACHE (default ~/.cache/rentune-tests/docker): the base image and the layer

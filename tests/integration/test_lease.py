@@ -1,6 +1,6 @@
 """The lease is enforced with an injected clock (no sleeping): a lease that ends mid-training stops the
 training at the plan's deadline with a checkpoint, the job still verifies (in a fresh process) and exports,
-and the report says training was cut short. Then `verify-export` accepts the true base model and refuses
+and the report says training was cut short. Then `check-export` accepts the true base model and refuses
 one with a single changed byte."""
 
 from __future__ import annotations
@@ -109,15 +109,15 @@ def test_status_shows_phases_trials_and_attempts(cut_job):
     assert "1: started 2026-11-30 10:00 UTC, completed" in out  # 2nd reading (the 1st: plan check of a new job)
 
 
-def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_job, tmp_path):
+def test_check_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_job, tmp_path):
     _, model, job, _, _ = cut_job
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
-    def verify_export(base: Path) -> subprocess.CompletedProcess:
+    def check_export(base: Path) -> subprocess.CompletedProcess:
         command = [RENTUNE, "check-export", str(job / "export"), "--base", str(base)]
         return subprocess.run(command, env=env, capture_output=True, text=True)
 
-    accepted = verify_export(model)
+    accepted = check_export(model)
     assert accepted.returncode == 0 and accepted.stdout.startswith("OK "), accepted.stderr
     tampered = tmp_path / "bert"
     shutil.copytree(model, tampered)
@@ -125,12 +125,12 @@ def test_verify_export_accepts_the_true_base_and_refuses_one_changed_byte(cut_jo
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # one bit of one weight
     weights.write_bytes(bytes(data))
-    refused = verify_export(tampered)
+    refused = check_export(tampered)
     assert refused.returncode == 2
     assert "refused" in refused.stderr and "files that differ: model.safetensors" in refused.stderr
 
 
-def _verify_export(export: Path, base: Path) -> subprocess.CompletedProcess:
+def _check_export(export: Path, base: Path) -> subprocess.CompletedProcess:
     command = [RENTUNE, "check-export", str(export), "--base", str(base)]
     return subprocess.run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
 
@@ -139,7 +139,7 @@ def _verify_export(export: Path, base: Path) -> subprocess.CompletedProcess:
     "damage",
     ["adapter-byte", "tokenizer-byte", "spec-byte", "added-file", "removed-file"],
 )
-def test_verify_export_refuses_an_export_whose_files_changed(cut_job, tmp_path, damage):
+def test_check_export_refuses_an_export_whose_files_changed(cut_job, tmp_path, damage):
     """BINDING.json holds the sha256 of every exported file: one flipped byte anywhere is refused."""
     _, model, job, _, _ = cut_job
     export = shutil.copytree(job / "export", tmp_path / "export")
@@ -161,7 +161,7 @@ def test_verify_export_refuses_an_export_whose_files_changed(cut_job, tmp_path, 
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0x01
         path.write_bytes(bytes(data))
-    refused = _verify_export(export, model)
+    refused = _check_export(export, model)
     assert refused.returncode == 2, refused.stdout
     assert f"refused: {path}:" in refused.stderr
 
@@ -169,11 +169,11 @@ def test_verify_export_refuses_an_export_whose_files_changed(cut_job, tmp_path, 
 @pytest.mark.parametrize(
     "binding", [b"[1]", b'{"base_model": {}}', b'{"files": [1], "base_model": {}}', b'{"trial_id": "ma']
 )
-def test_verify_export_names_an_unreadable_binding(cut_job, tmp_path, binding):
+def test_check_export_names_an_unreadable_binding(cut_job, tmp_path, binding):
     _, model, job, _, _ = cut_job
     export = shutil.copytree(job / "export", tmp_path / "export")
     (export / "BINDING.json").write_bytes(binding)
-    refused = _verify_export(export, model)
+    refused = _check_export(export, model)
     assert refused.returncode == 2
     assert f"{export / 'BINDING.json'}:" in refused.stderr and "expected" in refused.stderr
     assert "Traceback" not in refused.stderr
