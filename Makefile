@@ -62,9 +62,14 @@ lint: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples
 	$(BIN)/ruff format --check jobspec entrypoint tests bench deploy examples
 
+# Two workers (pytest-xdist), a whole test file per worker, so that a module-scoped fixture (a job whose result
+# several tests read) runs once; files go longest first (tests/conftest.py), not by their number of tests.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 # The whole suite; what .ci/run runs.
 test: lint
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST)
 
 # For your own loop (a few minutes): unit tests and the integration tests that run in-process on tiny
 # models. Never a replacement for `make test`: no subprocess resume, distributed, worker or end-to-end job.
@@ -75,7 +80,7 @@ FAST := tests/unit tests/integration/test_data_phase.py tests/integration/test_d
 	tests/integration/test_store_contract.py
 test-fast: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(FAST)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) $(FAST)
 
 clean:
 	rm -rf $(VENV) runs .rentune-work .pytest_cache .models

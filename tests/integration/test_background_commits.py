@@ -96,7 +96,7 @@ def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint
 
 def test_sigterm_during_a_background_commit_commits_it_and_the_final_one(tmp_path, tiny_model, s3_server):
     bucket = create_bucket(s3_server)
-    with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 3)) as proxy:
+    with S3Proxy(s3_server, delay=_hold_uploads_of(2 * EVERY, 10)) as proxy:  # still in flight at SIGTERM under load
         spec = _spec(tmp_path, tiny_model, proxy.endpoint_url, bucket, max_steps=100000)
         proc = start_run(spec, tmp_path / "node-a")
         lines = _read_until(proc, "train: step 25/")

@@ -27,7 +27,7 @@ from tests.s3server import _free_port, create_bucket, raw_client
 from tests.specs import s3_section, tiny_job, write_spec
 
 RENTUNE = Path(sys.executable).parent / "rentune"
-MAX_STEPS = 40
+MAX_STEPS = 60  # room for SIGTERM to reach both nodes' ranks after step 20 (under load it took > 20 steps)
 EVERY = 10
 
 

@@ -24,7 +24,7 @@ from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 120
+MAX_STEPS = 60
 EVERY = 10
 LOG_EVERY = 7  # loss windows that do not line up with checkpoints: the window around the resume spans both
 

@@ -22,7 +22,9 @@ from tests.specs import s3_section, tiny_job, write_spec
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, name: str = "spec.yaml") -> Path:
+def _spec(
+    tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, name: str = "spec.yaml", variants: bool = True
+) -> Path:
     experiments = [
         {
             "id": "lr-high",
@@ -51,7 +53,7 @@ def _spec(tmp_path: Path, model: Path, endpoint: str, bucket: str, job_id: str, 
         guardrails=[{"metric": "f1/*", "tolerance": 1.0}, {"metric": "accuracy", "tolerance": 0.5}],
         training={"microbatch": 16, "seed": 3},
         store=s3_section(endpoint, bucket),
-        experiments=experiments,
+        experiments=experiments if variants else [],
     )
     return write_spec(tmp_path / name, spec)
 
@@ -120,7 +122,8 @@ def test_selection_on_eval_then_the_test_split_is_opened_once(job, s3_server):
 
 def test_a_second_spec_on_the_same_test_split_is_refused_before_training_unless_overridden(job, s3_server):
     tmp, model, bucket, store, _ = job
-    spec = _spec(tmp, model, s3_server, bucket, "trials-again", name="again.yaml")
+    # the same test split (data and split seed); its refusal and override do not depend on the variants
+    spec = _spec(tmp, model, s3_server, bucket, "trials-again", name="again.yaml", variants=False)
     refused = rentune("run", str(spec), "--workdir", str(tmp / "work2"), cwd=tmp)
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "already opened by job 'trials'" in refused.stderr and "--reopen-test" in refused.stderr

@@ -29,7 +29,7 @@ JOBS = ("w-a", "w-b", "w-c")
 
 
 def _spec(job_id: str, model: Path, seed: int) -> dict:
-    training = {"max_steps": 150, "log_every_steps": 10, "checkpoint": {"every_steps": 20, "keep": 2}}
+    training = {"max_steps": 80, "log_every_steps": 10, "checkpoint": {"every_steps": 20, "keep": 2}}
     # a different split seed per job: each job has its own sealed test split
     return tiny_job(job_id, model, data={"split": {"seed": seed}}, training=training)
 

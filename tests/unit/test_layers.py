@@ -36,6 +36,9 @@ ORDER = (
     "cli",
 )
 
+# Units only these may import, whatever the order allows: phases are orchestration, run by the runner alone.
+ONLY_IMPORTED_BY = {"phases": {"runner"}}
+
 
 def unit_of(module: str) -> str | None:
     parts = module.split(".")
@@ -138,6 +141,13 @@ def test_no_import_cycle_between_units():
 def test_no_import_points_up_the_layers():
     problems = upward(unit_graph())
     assert not problems, "\n".join(problems)
+
+
+def test_phases_are_imported_by_the_runner_alone():
+    graph = unit_graph()
+    for unit, allowed in ONLY_IMPORTED_BY.items():
+        importers = {source for source, targets in graph.items() if unit in targets}
+        assert importers <= allowed, f"{unit} imported by {sorted(importers - allowed)}"
 
 
 def test_every_unit_is_placed_and_the_order_names_only_real_units():
