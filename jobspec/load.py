@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from jobspec.schema import JobSpec
+from jobspec.schema import CREDENTIAL_ERROR, JobSpec
 
 __all__ = ["LoadedSpec", "SpecError", "load_spec", "parse_spec"]
 
@@ -124,7 +124,7 @@ def _format_error(err: Any, raw: dict) -> str:
     message = err["msg"]
     message = re.sub(r"^(Value error, |Input should be |expected )+", "", message)
     got = err.get("input")
-    shown = "" if isinstance(got, dict) else f", got {_short(repr(got))}"
+    shown = "" if isinstance(got, dict) or kind == CREDENTIAL_ERROR else f", got {_short(repr(got))}"  # no secret shown
     return f"{field}: expected {message[0].lower()}{message[1:]}{shown}"
 
 

@@ -8,12 +8,15 @@ This module imports no torch, so `rentune validate` and `rentune schema` run any
 from __future__ import annotations
 
 import re
+import urllib.parse
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "JOB_ID_PATTERN",
     "Adaptation",
     "CheckpointPolicy",
     "Data",
@@ -37,7 +40,7 @@ __all__ = [
     "Training",
 ]
 
-_JOB_ID = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # job and trial ids: safe as a store key segment
 _DURATION = re.compile(r"^(\d+)(m|h|d)$")
 DURATION_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 # Files an image job reads from an ImageFolder (case-insensitive).
@@ -48,8 +51,38 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 MODEL_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/\s][^\s]*?/?")
 
 
+# Query parameter names that carry a credential: ?token=, ?api_key=, ?X-Amz-Signature=, ...
+_CREDENTIAL_PARAM = re.compile(r"(token|key|secret|signature|password|passwd|credential|auth)|^x-amz-", re.I)
+CREDENTIAL_ERROR = "credential_in_url"  # its messages never repeat the value (jobspec/load.py)
+AWS_CREDENTIALS = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment"
+
+
+def no_credentials(value: str, instead: str = AWS_CREDENTIALS) -> str:
+    """`value` if it is a URL without credentials in it: no `user[:password]@` and no query parameter named
+    like one. The spec is stored with the job, copied into its exports and shown in reports, so a
+    credential in it would leak; `instead` says where it goes."""
+    if "://" not in value:
+        return value
+    parts = urllib.parse.urlsplit(value)
+    if "@" in parts.netloc:
+        raise PydanticCustomError(
+            CREDENTIAL_ERROR,
+            "expected a URL without user[:password]@ (the spec is stored with the job and its exports); "
+            f"set the credentials as {instead}",
+        )
+    for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if _CREDENTIAL_PARAM.search(name):
+            raise PydanticCustomError(
+                CREDENTIAL_ERROR,
+                f"expected a URL without the query parameter {name!r}: it looks like a credential, and the spec "
+                f"is stored with the job and its exports; set the credentials as {instead}",
+            )
+    return value
+
+
 def _local_or_store_path(value: str) -> str:
     """A data or model location: a local path without `..` segments, or an s3:// URI."""
+    no_credentials(value)
     if not value.strip():
         raise ValueError("expected a non-empty path")
     if "\x00" in value:
@@ -85,7 +118,7 @@ class _Section(BaseModel):
 
 
 class Job(_Section):
-    id: str = Field(pattern=_JOB_ID, description="Job id: lowercase letters, digits, '-' and '_'.")
+    id: str = Field(pattern=JOB_ID_PATTERN, description="Job id: lowercase letters, digits, '-' and '_'.")
     description: str = Field("", max_length=2000)
 
 
@@ -204,7 +237,7 @@ class Evaluation(_Section):
 class Experiment(_Section):
     """A variant: one explained change against a reference trial (`main` is the spec's own settings)."""
 
-    id: str = Field(pattern=_JOB_ID, description="Trial id, used in the store under trials/<id>/.")
+    id: str = Field(pattern=JOB_ID_PATTERN, description="Trial id, used in the store under trials/<id>/.")
     reference: str = Field("main", description="The trial this variant is compared with: main or an earlier id.")
     changes: list[str] = Field(
         min_length=1,
@@ -526,6 +559,11 @@ class Store(_Section):
     region: str | None = Field(None, max_length=64)
     addressing_style: Literal["auto", "path", "virtual"] | None = None
 
+    @field_validator("endpoint_url")
+    @classmethod
+    def _no_credentials(cls, value):
+        return value and no_credentials(value)
+
 
 _CREDENTIAL_WORDS = ("key", "token", "password", "secret")
 
@@ -562,12 +600,7 @@ class MlflowTracking(_TrackerSection):
     @field_validator("tracking_uri")
     @classmethod
     def _no_userinfo(cls, value):
-        if value and re.match(r"^[a-z+]+://[^/@\s]*:[^/@\s]*@", value):
-            raise ValueError(
-                "expected a URI without user:password@ (the spec is stored with the job); set "
-                f"{cls._credentials_env} in the environment instead"
-            )
-        return value
+        return value and no_credentials(value, f"{cls._credentials_env} in the environment")
 
 
 class WandbTracking(_TrackerSection):

@@ -14,7 +14,17 @@ from entrypoint.commands.options import log, s3_options
 @click.argument("folder", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.argument("uri")
 @s3_options
-def push_model(folder: Path, uri: str, endpoint_url: str | None, region: str | None, addressing_style: str | None):
+@click.option(
+    "--follow-links", is_flag=True, help="Upload what symbolic links leading out of FOLDER point to (default: refuse)."
+)
+def push_model(
+    folder: Path,
+    uri: str,
+    endpoint_url: str | None,
+    region: str | None,
+    addressing_style: str | None,
+    follow_links: bool,
+):
     """Upload the model FOLDER to URI (s3://bucket/prefix) with a manifest of every file's size and
     sha256 (written last), for specs to use as model.path: URI. Never overwrites another model there."""
     from entrypoint.store.models import push_model as push
@@ -28,5 +38,5 @@ def push_model(folder: Path, uri: str, endpoint_url: str | None, region: str | N
         resolve_model_dir(Model(path=str(folder.resolve())))  # a job's checks: config.json, safetensors, no code
         options = {"endpoint_url": endpoint_url, "region": region, "addressing_style": addressing_style}
         store = S3Store.from_uri(uri.rstrip("/"), **options)
-        manifest = push(store, folder.resolve(), log)
+        manifest = push(store, folder.absolute(), log, follow_links=follow_links)
         click.echo(f"OK {uri}: base model sha256 {manifest['base_model_sha256'][:16]}...; use model.path: {uri}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.reading import DataError, RawFile, cluster_of, records
+from entrypoint.data.reading import DataError, RawFile, a_type, cluster_of, records
 
 __all__ = [
     "ChatTemplate",
@@ -49,9 +49,11 @@ def _turns(obj: dict, fmt: str) -> tuple[list[dict] | None, str | None]:
     if fmt == "alpaca":
         parts = {}
         for name in ("instruction", "input", "output"):
-            value = obj.get(name, "" if name == "input" else None)
+            value = obj.get(name)
+            if name == "input" and value is None:  # absent or null: no input, as the format allows
+                value = ""
             if not isinstance(value, str):
-                what = "missing" if value is None else f"a {type(value).__name__}"
+                what = "missing" if value is None else a_type(value)
                 return None, f"field {name!r} is {what}; expected text"
             parts[name] = value
         user = parts["instruction"] + (f"\n\n{parts['input']}" if parts["input"].strip() else "")
@@ -61,19 +63,19 @@ def _turns(obj: dict, fmt: str) -> tuple[list[dict] | None, str | None]:
     )
     turns = obj.get(field)
     if not isinstance(turns, list) or not turns:
-        what = "missing" if turns is None else "empty" if turns == [] else f"a {type(turns).__name__}"
+        what = "missing" if turns is None else "empty" if turns == [] else a_type(turns)
         return None, f"field {field!r} is {what}; expected a list of turns"
     out = []
     for i, turn in enumerate(turns):
         where = f"{field}[{i}]"
         if not isinstance(turn, dict):
-            return None, f"{where} is a {type(turn).__name__}; expected an object with {role_key!r} and {content_key!r}"
+            return None, f"{where} is {a_type(turn)}; expected an object with {role_key!r} and {content_key!r}"
         role, content = turn.get(role_key), turn.get(content_key)
         roles = ROLES if fmt == "messages" else tuple(SHAREGPT_ROLES)
         if role not in roles:
             return None, f"{where}.{role_key} is {role!r}; expected one of {', '.join(roles)}"
         if not isinstance(content, str):
-            what = "missing" if content is None else f"a {type(content).__name__}"
+            what = "missing" if content is None else a_type(content)
             return None, f"{where}.{content_key} is {what}; expected text"
         out.append({"role": role if fmt == "messages" else SHAREGPT_ROLES[role], "content": content})
     return out, None

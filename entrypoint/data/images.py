@@ -24,7 +24,7 @@ import numpy as np
 
 from entrypoint.data.bucket import BucketFiles, is_uri, join_uri
 from entrypoint.data.leaks import LeakPair
-from entrypoint.data.reading import DataError, RawFile, json_objects, refuse
+from entrypoint.data.reading import DataError, RawFile, a_type, json_objects, refuse
 from jobspec.schema import IMAGE_SUFFIXES
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def _jsonl_rows(
             if isinstance(value, str) and value:
                 values[field] = value
             else:
-                what = "missing" if value is None else f"{value!r}" if value == "" else f"a {type(value).__name__}"
+                what = "missing" if value is None else f"{value!r}" if value == "" else a_type(value)
                 errors.append(f"{where}: field {field!r} is {what}; expected a string")
         if image_field not in values or label_field not in values:
             continue

@@ -226,11 +226,17 @@ def _without_nulls(value):
     return value
 
 
+def a_type(value) -> str:
+    """`value`'s type with its article, for messages: "an int", "a list"."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def cluster_of(obj: dict, field: str, where: str, errors: list[str]) -> str | None:
     """A row's cluster (data.cluster_field) as text, or None after adding an error naming the row."""
     value = obj.get(field)
     if value is None or isinstance(value, dict | list) or value == "":
-        what = "missing" if value is None else "empty" if value == "" else f"a {type(value).__name__}"
+        what = "missing" if value is None else "empty" if value == "" else a_type(value)
         errors.append(f"{where}: field {field!r} (data.cluster_field) is {what}; expected a text or number id")
         return None
     return str(value)
@@ -255,7 +261,7 @@ def text_rows(
         for canonical, name in wanted.items():
             value = obj.get(name)
             if not isinstance(value, str):
-                what = "missing" if value is None else f"a {type(value).__name__}"
+                what = "missing" if value is None else a_type(value)
                 errors.append(f"{where}: field {name!r} (data.{canonical}_field) is {what}; expected text")
                 bad = True
             else:

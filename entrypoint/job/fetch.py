@@ -16,7 +16,7 @@ from pathlib import Path
 
 from entrypoint.errors import InvalidInput
 from entrypoint.job.state import stored_spec
-from entrypoint.store import Store
+from entrypoint.store import InvalidKey, Store
 from jobspec.experiments import resolve_trials
 
 __all__ = ["Fetched", "fetch_job"]
@@ -31,11 +31,18 @@ class Fetched:
 
 def fetch_job(store: Store, dest: Path, with_adapter: bool = False) -> Fetched:
     """Copy the job's files from `store` (the job's own prefix, `job_store(root, job_id)`) under `dest`.
-    Raises InvalidInput when there is nothing to fetch yet."""
-    keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
+    Raises InvalidInput when there is nothing to fetch yet, InvalidKey (naming it) for a stored name that is
+    not a safe key; then nothing is written."""
+    try:  # every name is checked before anything is written
+        keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
+        trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head("spec.yaml") else []
+        events = [info.key for trial in trials for info in store.list(f"trials/{trial}/tensorboard")]
+    except InvalidKey as exc:
+        raise InvalidKey(
+            f"{exc}; nothing was fetched: one name that could point outside {dest} refuses the whole download "
+            "(the other files are intact in the store)"
+        ) from None
     keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
-    trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head("spec.yaml") else []
-    events = [info.key for trial in trials for info in store.list(f"trials/{trial}/tensorboard")]
     if not keys and not events:
         raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
     targets = {key: dest / key for key in keys}

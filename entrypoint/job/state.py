@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from entrypoint.errors import Conflict
+from entrypoint.errors import Conflict, InvalidInput
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
 from entrypoint.store.objects import CorruptObject, read_json
 from jobspec.load import LoadedSpec, SpecError, parse_spec
+from jobspec.schema import JOB_ID_PATTERN
 
 __all__ = [
     "BASE_MODEL_KEY",
@@ -51,7 +53,13 @@ class JobConflict(Conflict):
 
 
 def job_store(root: Store, job_id: str) -> Store:
-    """The job's own prefix, `jobs/<job_id>/`: a phase can read and write nothing outside it."""
+    """The job's own prefix, `jobs/<job_id>/`: a phase can read and write nothing outside it. A job id that
+    could not be a spec's job.id (`../x`, `A/b`) is refused here, for every command that takes one."""
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+        raise InvalidInput(
+            f"job id {job_id!r}: expected what a spec's job.id can be: 1 to 63 lowercase letters, digits, '-' "
+            "or '_', starting with a letter or digit"
+        )
     return PrefixedStore(root, join_key("jobs", job_id))
 
 

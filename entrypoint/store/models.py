@@ -50,10 +50,11 @@ def model_sha256(files: dict[str, dict]) -> str:
     return weights_sha256({name: info["sha256"] for name, info in files.items() if name.endswith(".safetensors")})
 
 
-def push_model(store: Store, folder: Path, log: Callable[[str], None]) -> dict:
+def push_model(store: Store, folder: Path, log: Callable[[str], None], follow_links: bool = False) -> dict:
     """Upload the model folder `folder` to `store` (its root is the model's prefix), manifest last.
-    Returns the manifest. Raises ModelMismatch if the prefix already holds a different model."""
-    paths = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    Returns the manifest. Raises ModelMismatch if the prefix already holds a different model, InvalidInput
+    (before anything is uploaded) for a link that leads out of the folder unless `follow_links`."""
+    paths = _files_of(folder, follow_links)
     paths.pop(MODEL_MANIFEST, None)  # a folder from a node's cache carries the manifest it was fetched with
     if store.head(MODEL_MANIFEST) is not None:
         return _same_or_refuse(store, paths, log)
@@ -67,6 +68,24 @@ def push_model(store: Store, folder: Path, log: Callable[[str], None]) -> dict:
     size = sum(info["size"] for info in files.values())
     log(f"push-model: {len(files)} files, {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
     return manifest
+
+
+def _files_of(folder: Path, follow_links: bool) -> dict[str, Path]:
+    """Every file under `folder` by its relative name. A symbolic link (or a file under a linked folder)
+    that leads outside `folder` is refused, naming it, unless `follow_links`: it could carry any file of
+    this machine into the bucket."""
+    root, paths = folder.resolve(), {}
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        target = path.resolve()
+        if not follow_links and not target.is_relative_to(root):
+            raise InvalidInput(
+                f"push-model: {path} links to {target}, outside {folder}; nothing was uploaded. Copy the file "
+                "into the folder or remove the link, or pass --follow-links to upload what the links point to"
+            )
+        paths[path.relative_to(folder).as_posix()] = path
+    return paths
 
 
 def _same_or_refuse(store: Store, paths: dict[str, Path], log: Callable[[str], None]) -> dict:

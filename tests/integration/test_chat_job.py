@@ -158,12 +158,12 @@ BAD_ROWS = {
     ],
     "sharegpt": [
         ({"conversations": [{"from": "robot", "value": "hi"}]}, "conversations[0].from is 'robot'"),
-        ({"conversations": [{"from": "human", "value": 3}]}, "conversations[0].value is a int; expected text"),
+        ({"conversations": [{"from": "human", "value": 3}]}, "conversations[0].value is an int; expected text"),
         ({"conversations": [{"from": "human", "value": "q"}]}, "no assistant turn"),
         ({"messages": []}, "field 'conversations' is missing"),
     ],
     "alpaca": [
-        ({"instruction": "do", "output": 5}, "field 'output' is a int; expected text"),
+        ({"instruction": "do", "output": 5}, "field 'output' is an int; expected text"),
         ({"input": "x", "output": "y"}, "field 'instruction' is missing"),
         ({"instruction": "do", "output": "  "}, "turn 1 (assistant) has empty content"),
     ],
@@ -178,6 +178,8 @@ def test_malformed_rows_are_refused_with_file_and_line_and_nothing_is_stored(tmp
         "alpaca": {"instruction": "do", "input": "", "output": "done"},
     }[fmt]
     lines = [json.dumps(good)] + [json.dumps(row) for row, _ in BAD_ROWS[fmt]]
+    if fmt == "alpaca":  # a null input is no input, as an absent one is: this last row is fine
+        lines.append(json.dumps({"instruction": "do it", "input": None, "output": "done"}))
     data = tmp_path / f"{fmt}.jsonl"
     data.write_text("\n".join(lines) + "\n")
     spec = tmp_path / "spec.yaml"
@@ -186,6 +188,7 @@ def test_malformed_rows_are_refused_with_file_and_line_and_nothing_is_stored(tmp
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     for number, (_, message) in enumerate(BAD_ROWS[fmt], start=2):
         assert f"{data}:{number}: {message}" in done.stderr, (number, message, done.stderr)
+    assert done.stderr.count(f"{data}:") == len(BAD_ROWS[fmt]), done.stderr  # the good rows are not named
     assert not (tmp_path / "store/jobs/chat/phases").exists()
 
 

@@ -205,7 +205,7 @@ BAD_DATA = [
         {},
         "bad.jsonl:2: field 'text' (data.text_field) is missing",
     ),
-    ("wrong-type", ['{"text": 5, "label": "x"}'], {}, "bad.jsonl:1: field 'text' (data.text_field) is a int"),
+    ("wrong-type", ['{"text": 5, "label": "x"}'], {}, "bad.jsonl:1: field 'text' (data.text_field) is an int"),
     (
         "undeclared-label",
         ['{"text": "a", "label": "x"}', '{"text": "b", "label": "z"}'],

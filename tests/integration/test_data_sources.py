@@ -121,7 +121,7 @@ def test_a_wrong_column_type_is_refused_naming_file_row_group_and_row(tmp_path, 
     with pytest.raises(DataError) as caught:
         _run(tmp_path, _spec(bert, {"source": path}), "numbers")
     message = str(caught.value)
-    assert f"{path}: row 0 (row group 0, index 0): field 'text' (data.text_field) is a int; expected text" in message
+    assert f"{path}: row 0 (row group 0, index 0): field 'text' (data.text_field) is an int; expected text" in message
     assert f"{path}: row 9 (row group 2, index 1): field 'text'" in message
 
 

@@ -141,3 +141,25 @@ def test_a_model_pushed_to_the_bucket_runs_resumes_on_a_second_node_and_is_verif
     corrupt = _rentune("run", str(fresh), cwd=tmp_path / "node-c")
     assert corrupt.returncode == 3, corrupt.stdout[-3000:] + corrupt.stderr[-3000:]
     assert f"{uri}/tokenizer.json does not match its size and sha256" in corrupt.stderr
+
+
+def test_push_model_refuses_a_link_out_of_the_folder_naming_it_and_uploads_nothing(tmp_path, s3_server, other_model):
+    folder = tmp_path / "model"
+    shutil.copytree(other_model, folder)
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not part of any model")
+    (folder / "notes.txt").symlink_to(secret)
+    (folder / "inside.txt").symlink_to(folder / "config.json")  # a link within the folder is fine
+    bucket = create_bucket(s3_server)
+    uri = f"s3://{bucket}/models/linked"
+    endpoint = ("--endpoint-url", s3_server, "--addressing-style", "path")
+    refused = _rentune("push-model", str(folder), uri, *endpoint, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{folder / 'notes.txt'} links to {secret}" in refused.stderr and "--follow-links" in refused.stderr
+    models = S3Store.from_uri(uri, endpoint_url=s3_server, addressing_style="path")
+    assert list(models.list()) == []  # nothing uploaded
+
+    followed = _rentune("push-model", str(folder), uri, *endpoint, "--follow-links", cwd=tmp_path)
+    assert followed.returncode == 0, followed.stderr
+    listed = json.loads(models.get_bytes(MODEL_MANIFEST))["files"]
+    assert "notes.txt" in listed and "inside.txt" in listed

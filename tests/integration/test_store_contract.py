@@ -8,6 +8,8 @@ import hashlib
 import inspect
 import random
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -290,6 +292,29 @@ def test_listed_unsafe_key_is_refused(s3_store, s3_server, suffix):
             list(s3_store.list("a"))
         with pytest.raises(InvalidKey):
             list(PrefixedStore(s3_store, "a").list())
+
+
+def test_fetch_that_meets_a_planted_key_names_it_and_fetches_nothing(s3_store, s3_server, tmp_path):
+    """`rentune fetch`, the installed entry point as a real process: one hostile name among a job's report
+    files refuses the whole download (no file could be written outside the destination), and says which
+    name and that nothing was fetched."""
+    s3_store.put_bytes("jobs/j/report/results.json", b"{}")
+    hostile = f"{s3_store.prefix}/jobs/j/report/../../../x"
+    raw_client(s3_server).put_object(Bucket=s3_store.bucket, Key=hostile, Body=b"evil")
+    rentune = Path(sys.executable).parent / "rentune"
+    store = ["--store", f"s3://{s3_store.bucket}/{s3_store.prefix}", "--endpoint-url", s3_server]
+    dest = tmp_path / "dest"
+    done = subprocess.run(
+        [rentune, "fetch", "j", *store, "--addressing-style", "path", "--dest", str(dest)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "report/../../../x" in done.stderr and "nothing was fetched" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not dest.exists() and not (tmp_path / "x").exists()
 
 
 def test_objects_outside_the_prefix_are_invisible(s3_store, s3_server):

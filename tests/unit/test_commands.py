@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -89,6 +91,24 @@ def test_status_reads_the_store_from_RENTUNE_STORE(store):
 def test_a_command_without_a_store_names_the_missing_option(store):
     result = CliRunner().invoke(main, ["status", JOB], env={"RENTUNE_STORE": None})
     assert result.exit_code == 2 and "Missing option '--store'" in result.output
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "fetch"])
+@pytest.mark.parametrize("job_id", ["../x", "Quickstart/../x", "a b"])
+def test_every_command_that_takes_a_job_id_refuses_one_no_spec_could_have(store, tmp_path, command, job_id):
+    """The installed entry point, as a real process: one line naming the id and what it can be, exit 2, no
+    traceback, nothing in the store touched or written."""
+    before = sorted(info.key for info in store.list(""))
+    rentune = Path(sys.executable).parent / "rentune"
+    done = subprocess.run(
+        [rentune, command, job_id, "--store", store.uri], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"rentune: job id {job_id!r}: expected what a spec's job.id can be: 1 to 63 lowercase letters, digits, "
+        "'-' or '_', starting with a letter or digit"
+    ]
+    assert sorted(info.key for info in store.list("")) == before and not (tmp_path / "x").exists()
 
 
 def test_status_and_fetch_accept_the_s3_options_of_a_file_store(store, tmp_path):

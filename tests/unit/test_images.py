@@ -168,7 +168,7 @@ def test_jsonl_problems_all_listed_with_line_numbers(tmp_path):
     assert len(lines) == 5
     assert lines[0].startswith(f"{jsonl}:2: not valid JSON (")
     assert lines[1] == f"{jsonl}:3: field 'label' is missing; expected a string"
-    assert lines[2] == f"{jsonl}:4: field 'label' is a int; expected a string"
+    assert lines[2] == f"{jsonl}:4: field 'label' is an int; expected a string"
     assert lines[3] == f"{jsonl}:5: image file not found (gone.png -> {(tmp_path / 'gone.png').resolve()})"
     assert lines[4] == f"{jsonl}:6: expected a JSON object, got list"
 

@@ -65,6 +65,48 @@ BAD_SPECS = [
     ("attn-unknown", _with("model.attn_implementation", "flash3"), "model.attn_implementation", "flash_attention_2"),
     ("precision-unknown", _with("training.precision", "fp8"), "training.precision", "'auto'"),
 ]
+# Credentials in a URL: the spec is stored with the job and its exports, so none may ride along in it.
+_S3 = _with("store", {"uri": "s3://bucket/runs", "endpoint_url": "http://host:9000"})
+_MLFLOW = _with("tracking", {"mlflow": {"tracking_uri": "http://mlflow:5000"}})
+CREDENTIAL_URLS = [
+    (
+        "userinfo-endpoint",
+        _with("store.endpoint_url", "http://AKIAEXAMPLE:SeCrEt99@host:9000", _S3),
+        "store.endpoint_url",
+    ),
+    ("userinfo-store-uri", _with("store.uri", "s3://AKIAEXAMPLE:SeCrEt99@bucket/runs", _S3), "store.uri"),
+    (
+        "token-mlflow",
+        _with("tracking.mlflow.tracking_uri", "http://mlflow/?token=SeCrEt99", _MLFLOW),
+        "tracking.mlflow",
+    ),
+    (
+        "password-mlflow",
+        _with("tracking.mlflow.tracking_uri", "https://u:SeCrEt99@mlflow/", _MLFLOW),
+        "tracking.mlflow",
+    ),
+    ("presigned-data", _with("data.source", "s3://b/t.jsonl?X-Amz-Signature=SeCrEt99"), "data.source"),
+    ("api-key-endpoint", _with("store.endpoint_url", "https://host/?api_key=SeCrEt99", _S3), "store.endpoint_url"),
+]
+BAD_SPECS += [(case, spec, field, "credentials as") for case, spec, field in CREDENTIAL_URLS]
+
+
+@pytest.mark.parametrize("case,spec,field", CREDENTIAL_URLS, ids=[c[0] for c in CREDENTIAL_URLS])
+def test_a_credential_in_a_url_is_refused_where_it_is_and_never_repeated(tmp_path, case, spec, field):
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rentune = Path(sys.executable).parent / "rentune"  # the installed entry point, as a real process
+    result = subprocess.run([rentune, "validate", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}: {field}" in result.stderr and "in the environment" in result.stderr, result.stderr
+    assert "SeCrEt99" not in result.stdout + result.stderr  # the message says where it goes, not what it was
+
+
+def test_urls_without_credentials_still_validate():
+    for spec in (_S3, _MLFLOW, _with("tracking.mlflow.tracking_uri", "http://mlflow:5000/?experiment=x", _MLFLOW)):
+        parse_spec(yaml.safe_dump(spec), source="s.yaml")
+
+
 _IN_BUCKET = _with("model", {"path": "s3://models-bucket/minilm/", "revision": "v1"})
 for case, path in [
     ("model-s3-one-slash", "s3:/models-bucket/minilm"),
