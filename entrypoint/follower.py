@@ -5,7 +5,7 @@
             put train/launch.json {trial, launch id, attempt}  ->  torchrun --nnodes N (c10d, rdzv id = launch id)
     other (node rank k):  rentune run SPEC --node-rank k        (or RENTUNE_NODE_RANK=k)
         wait for the lead's attempt; for each launch of that attempt whose trial has no result yet:
-            torchrun --nnodes N, the same rendezvous -> the same trial's workers on this node
+            torchrun --nnodes N, the same rendezvous -> the same trial's ranks on this node
         exit 0 once the train phase is committed (the lead evaluates, tests, verifies and exports alone);
         exit as the lead's attempt did (143 on its SIGTERM, 1 on its error) if that attempt ends first
 
@@ -137,6 +137,6 @@ def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log)
         log,
     )
     if terminated or code == EXIT_INTERRUPTED:
-        raise Interrupted(f"node {node}: torchrun workers stopped on SIGTERM (exit {code})")
+        raise Interrupted(f"node {node}: torchrun ranks stopped on SIGTERM (exit {code})")
     if code != 0:  # the lead decides what the trial's failure means; its next launch says what comes next
         log(f"node {node}: torchrun exited with code {code} in trial {trial}; waiting for the lead's next launch")

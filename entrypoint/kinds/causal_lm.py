@@ -21,7 +21,7 @@ from entrypoint.data.encoding import (
     prepare_tokenizer,
 )
 from entrypoint.data.packing import PackedCollator
-from entrypoint.kinds import Baseline
+from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
 from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter
 from jobspec.schema import Adaptation, JobSpec
@@ -160,7 +160,7 @@ class CausalLM:
 
             from entrypoint.training.model import resolve_model_dir
 
-            folder = resolve_model_dir(self.spec.model, self.spec.store)
+            folder = resolve_model_dir(self.spec.model, self.spec.store, self.log or print)
             template = ChatTemplate(prepare_tokenizer(AutoTokenizer.from_pretrained(folder)), data.chat_template)
         return {
             "decoding": decoding(max_new_tokens, [template.end_of_turn]),

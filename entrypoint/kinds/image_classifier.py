@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.data.encoding import encode_image
-from entrypoint.kinds import Baseline
+from entrypoint.kinds.base import Baseline
 from entrypoint.training.model import adapt, classifier_options, load_adapter, load_encoder
 from jobspec.schema import Adaptation, JobSpec
 

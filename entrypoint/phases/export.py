@@ -26,7 +26,7 @@ __all__ = ["run"]
 
 def run(ctx: PhaseContext) -> dict:
     spec = ctx.spec
-    trial_id = ctx.read_json("phases/evaluate/result.json")["selected"]
+    trial_id = ctx.result("evaluate")["selected"]
     source = f"trials/{trial_id}/final"
     copies = {f"adapter/{info.key[len(source) + 1 :]}": info.key for info in ctx.store.list(source)}
     copies |= {"spec.yaml": "spec.yaml", "results.json": "report/results.json", "report.md": "report/report.md"}

@@ -270,10 +270,15 @@ def config_sha256(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
+# The breakdown metrics of the tasks (kinds' TaskSide.breakdown), for results.json files that do not name theirs.
+BREAKDOWNS = ("f1", "field_accuracy", "format_valid_rate")
+
+
 def bar_family(family: str | None, metrics: dict[str, float]) -> tuple[str, list[str]]:
     """The per-category (or per-field, per-group) metric the bar plot shows (`family`: the task side's
     breakdown, results["hypothesis"]["breakdown"]; None in results of an earlier rentune), and its names."""
-    family = family or "metric"
+    if family is None:  # results of an earlier rentune: the breakdown its metrics hold, if any
+        family = next((f for f in BREAKDOWNS if any(n.startswith(f"{f}/") for n in metrics)), "metric")
     names = sorted(n for n in metrics if n.startswith(f"{family}/"))
     if not names:  # no groups: the headline rates side by side
         names = sorted(n for n in metrics if "/" not in n and "@" not in n and 0.0 <= metrics[n] <= 1.0)

@@ -33,8 +33,9 @@ def baseline_outputs(ctx: PhaseContext, rows: Sequence[dict]) -> Baseline:
 
 
 def trial_adaptation(record: dict) -> Adaptation:
-    """The adaptation a trial trained with, from its committed result."""
-    return Adaptation.model_validate(record["settings"]["adaptation"])
+    """The adaptation a trial trained with, from its committed result, as it was stored (not validated
+    again: a record written by an earlier rentune stays readable; reloading reads only its method)."""
+    return Adaptation.model_construct(**record["settings"]["adaptation"])
 
 
 def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[dict], list[str], dict]:

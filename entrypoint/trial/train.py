@@ -104,7 +104,7 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     reproducible_files(final)
     keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
 
-    # Workers of a sharded run hold only part of the weights: predict from the saved ones there.
+    # The ranks of a sharded run hold only part of the weights: predict from the saved ones there.
     model = trainer.model if not is_rank() else _reload(ctx, setup, final)
     outputs = ctx.kind.model.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
     ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))

@@ -1,5 +1,5 @@
 """A full fine-tune saved in shards (`model-0000x-of-0000y.safetensors` and their index), as save_pretrained
-writes a large model: the verify process finds every shard, loads every tensor, and names a missing one."""
+writes a large model: the recheck process finds every shard, loads every tensor, and names a missing one."""
 
 from __future__ import annotations
 

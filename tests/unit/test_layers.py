@@ -85,6 +85,24 @@ def unit_graph(root: Path = ROOT) -> dict[str, dict[str, set[str]]]:
     return graph
 
 
+def module_graph(root: Path = ROOT) -> dict[str, dict[str, set[str]]]:
+    """module -> imported module (of this package; `from a import b` resolved to the module it names)."""
+    paths = {
+        _module_name(path, root): path for path in [*root.glob("entrypoint/**/*.py"), *root.glob("jobspec/**/*.py")]
+    }
+    graph: dict[str, dict[str, set[str]]] = defaultdict(dict)
+    for module, path in sorted(paths.items()):
+        graph[module]
+        for name in imports_of(path, root):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in paths:
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != module:
+                graph[module][target] = {str(path.relative_to(root))}
+    return graph
+
+
 def cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
     """The strongly connected components of more than one unit (Tarjan)."""
     index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
@@ -136,6 +154,12 @@ def upward(graph: dict[str, dict[str, set[str]]]) -> list[str]:
 def test_no_import_cycle_between_units():
     found = cycles(unit_graph())
     assert not found, f"import cycles between units: {found}"
+
+
+def test_no_import_cycle_between_modules_either():
+    """Within a unit too (a package's __init__ and its modules): kinds/ keeps its protocols in base.py."""
+    found = cycles(module_graph())
+    assert not found, f"import cycles between modules: {found}"
 
 
 def test_no_import_points_up_the_layers():

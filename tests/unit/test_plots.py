@@ -101,3 +101,13 @@ def test_category_bars_lists_every_problem():
         category_bars_png(["a", "b"], {"baseline": [0.5], "main": [0.5, -0.1]})
     assert "'baseline': 1 values" in str(excinfo.value)
     assert "'main': values outside" in str(excinfo.value)
+
+
+def test_the_bar_plot_breakdown_comes_from_the_task_or_from_what_older_results_hold():
+    from entrypoint.report.results import bar_family
+
+    metrics = {"macro_f1": 0.5, "accuracy": 0.6, "f1/a": 0.4, "f1/b": 0.6, "recall/a": 0.3}
+    assert bar_family("f1", metrics) == ("f1", ["f1/a", "f1/b"])
+    assert bar_family(None, metrics) == ("f1", ["f1/a", "f1/b"])  # results.json of an earlier rentune
+    rates = {"format_valid_rate": 0.9, "json_valid_rate": 0.95}
+    assert bar_family(None, rates) == ("metric", ["format_valid_rate", "json_valid_rate"])  # no breakdown held
