@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from entrypoint.kinds import Kind, kind_for
 from entrypoint.store import Store, open_store
 from entrypoint.training.device import resolve_device, resolve_precision
 from entrypoint.training.model import resolve_model_dir
+from jobspec.compare import with_locations
 from jobspec.schema import JobSpec
 
 __all__ = ["PhaseContext", "subprocess_context"]
@@ -104,6 +106,7 @@ def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], N
         parser.add_argument(flag, required=True)
     for flag in ("--endpoint-url", "--region", "--addressing-style"):
         parser.add_argument(flag)
+    parser.add_argument("--locations", type=json.loads, default={}, help="moved locations, JSON: {field: value}")
     args = parser.parse_args(argv)
     quiet_libraries()
     root = open_store(
@@ -111,4 +114,5 @@ def subprocess_context(prog: str, argv: list[str] | None, log: Callable[[str], N
     )
     store = job_store(root, args.job)
     loaded = stored_spec(store)
-    return PhaseContext(loaded.spec, loaded.sha256, store, Path(args.workdir), log), args.trial
+    spec = with_locations(loaded.spec, args.locations)  # where the process that started this one found them
+    return PhaseContext(spec, loaded.sha256, store, Path(args.workdir), log), args.trial

@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_INVALID",
     "Conflict",
+    "DiskFull",
     "Interrupted",
     "InvalidInput",
     "exit_code",
@@ -35,6 +36,11 @@ class InvalidInput(ValueError):
 
 class Conflict(RuntimeError):
     """The store already holds something this run would contradict; nothing was overwritten (exit 3)."""
+
+
+class DiskFull(RuntimeError):
+    """A node's disk (the work dir) ran out of space; the message names the folder, what is free and what was
+    needed. Nothing committed is lost: free space and run again to resume (exit 1)."""
 
 
 class Interrupted(RuntimeError):

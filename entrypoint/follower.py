@@ -27,10 +27,12 @@ from pathlib import Path
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.launches import attempt_ended, newest_launch
-from entrypoint.job.state import job_store, phase_result_key, stored_spec, trial_result_key
+from entrypoint.job.state import continue_spec, job_store, phase_result_key, stored_spec, trial_result_key
+from entrypoint.runner import locations_args
 from entrypoint.store import Store
 from entrypoint.training.distributed import run_torchrun, torchrun_command
 from entrypoint.training.model import match_base_model, resolve_model_dir
+from jobspec.load import LoadedSpec
 
 __all__ = ["LeadStopped", "follow_lead"]
 
@@ -50,6 +52,7 @@ def follow_lead(
     log: Callable[[str], None],
     lead_wait_s: float = 7200.0,  # the lead's phases before training can take long on a large model
     poll_s: float = POLL_S,
+    loaded: LoadedSpec | None = None,
 ) -> None:
     """Node `node` (> 0) of job `job_id`: join each torchrun launch of the lead's current attempt until the
     train phase is committed. Before the first launch it gets the base model (a download happens here, not
@@ -65,12 +68,12 @@ def follow_lead(
     stop: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     try:
-        _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop)
+        _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop, loaded)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop) -> None:
+def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop, loaded) -> None:
     ended_before = {n for n in attempt_numbers(store) if attempt_ended(store, n) is not None}
     idle_since, joined, model_checked = time.monotonic(), set(), False
     while not stop:
@@ -88,7 +91,8 @@ def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop) ->
             joined.add(launch["launch"])
             if store.head(trial_result_key(launch["trial"])) is None:
                 if not model_checked:
-                    _check_model(store, node, workdir, log)
+                    moved = _check_model(store, node, workdir, log, loaded)
+                    store_args = (*store_args, *locations_args(moved))
                     model_checked = True
                 if stop:
                     break
@@ -118,11 +122,19 @@ def _lead_ended(node: int, attempt: int, ended: dict, log) -> None:
     )
 
 
-def _check_model(store: Store, node: int, workdir: Path, log) -> None:
-    """This node's base model (downloaded now if it comes from a bucket or the hub) must be the one the
-    job started with."""
-    spec = stored_spec(store).spec
+def _check_model(store: Store, node: int, workdir: Path, log, loaded: LoadedSpec | None) -> dict:
+    """This node's spec (`loaded`, when given) must continue the stored one (JobConflict otherwise), and this
+    node's base model (downloaded now if it comes from a bucket or the hub) must be the one the job started
+    with. Returns the locations this node moved (continue_spec)."""
+    if loaded is None:
+        spec, moved = stored_spec(store).spec, {}
+    else:
+        continued = continue_spec(store, loaded)
+        for line in continued.lines():
+            log(f"node {node}: {line}")
+        spec, moved = continued.loaded.spec, continued.moved
     match_base_model(store, spec, resolve_model_dir(spec.model, spec.store, log), record=False)
+    return moved
 
 
 def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log) -> None:

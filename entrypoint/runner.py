@@ -12,6 +12,7 @@ be idempotent: they may overwrite their own uncommitted outputs and never touch 
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, pha
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
 from entrypoint.store import ObjectExists, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
+from entrypoint.training.disk import disk_full
 from entrypoint.training.environment import environment
 from entrypoint.training.model import match_base_model
 from jobspec.load import LoadedSpec
@@ -133,16 +135,19 @@ def run_job(
         if fresh is not None and fresh["problems"]:
             raise PlanDoesNotFit("\n".join(fresh["problems"]))
     check_conditional_writes(store, "scratch")
-    freeze_spec(store, loaded)
+    continued = freeze_spec(store, loaded)  # from here on the stored spec, at this node's locations
+    spec = continued.loaded.spec
     attempt = claim_attempt(store, clock)
     log = StoreLog(store, f"attempts/{attempt}/log.txt", log)
+    for line in continued.lines():
+        log(line)
     ctx = PhaseContext(
         spec=spec,
-        spec_sha256=loaded.sha256,
+        spec_sha256=continued.loaded.sha256,
         store=store,
         workdir=(workdir / spec.job.id).resolve(),
         log=log,
-        store_args=store_args(root, spec.job.id),
+        store_args=store_args(root, spec.job.id, continued.moved),
         root=root,
         reopen_test=reopen_test,
         clock=clock,
@@ -187,13 +192,18 @@ def run_job(
     return JobOutcome(job_id=spec.job.id, store_uri=store.uri, ran=ran, skipped=skipped)
 
 
-def store_args(root: Store, job_id: str) -> tuple[str, ...]:
+def store_args(root: Store, job_id: str, moved: dict | None = None) -> tuple[str, ...]:
     """How a subprocess (a torchrun rank, the recheck process) reopens this job's store: as it was opened, not as the
-    spec says."""
+    spec says, and where this node keeps what the stored spec locates elsewhere (`moved`, freeze_spec's)."""
     args = ["--store", root.uri, "--job", job_id]
     for flag, value in getattr(root, "reopen_flags", {}).items():
         args += [flag, value] if value else []
-    return tuple(args)
+    return (*args, *locations_args(moved))
+
+
+def locations_args(moved: dict | None) -> tuple[str, ...]:
+    """The flag that tells a subprocess where this node keeps what the stored spec locates elsewhere."""
+    return ("--locations", json.dumps(moved, sort_keys=True)) if moved else ()
 
 
 def _start_attempt(ctx: PhaseContext, root: Store, attempt: int) -> None:
@@ -217,7 +227,13 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
     """Run one phase and commit its result last, if absent; re-plan after new measurements."""
     ctx.log(f"{name}: starting")
     started = time.monotonic()
-    result = phase(ctx)
+    try:
+        result = phase(ctx)
+    except Exception as exc:  # a full disk is named as such, whichever phase filled it
+        full = disk_full(exc, ctx.workdir)
+        if full is None or full is exc:
+            raise
+        raise full from exc
     result["seconds"] = round(time.monotonic() - started, 3)
     try:
         ctx.store.put_if_absent(phase_result_key(name), dumps(result))

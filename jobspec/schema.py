@@ -383,6 +383,12 @@ class Data(_Section):
         description="Chat formats: the assistant turns that count in the loss (each with its end-of-turn token); "
         "everything else is masked.",
     )
+    truncation: Literal["drop", "fail"] = Field(
+        "drop",
+        description="Causal LMs: a row whose counted tokens all lie past model.max_length (a prompt or the turns "
+        "before the first counted assistant turn fill it) trains on nothing. drop: leave such rows out, counted, "
+        "the first named by file and line; fail: refuse the data, naming each.",
+    )
     template: str = Field(
         "{prompt}\n",
         max_length=10_000,

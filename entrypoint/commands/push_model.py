@@ -26,7 +26,10 @@ def push_model(
     follow_links: bool,
 ):
     """Upload the model FOLDER to URI (s3://bucket/prefix) with a manifest of every file's size and
-    sha256 (written last), for specs to use as model.path: URI. Never overwrites another model there."""
+    sha256 (written last), for specs to use as model.path: URI. The prefix is claimed for FOLDER's files
+    (MODEL_CLAIM.json, written only if absent) before any upload: a push of another model there, earlier
+    or at the same time, is refused (exit 3) with nothing uploaded; the same FOLDER again finishes an
+    interrupted push. Never overwrites another model there."""
     from entrypoint.store.models import push_model as push
     from entrypoint.store.s3 import S3Store
     from entrypoint.training.model import resolve_model_dir

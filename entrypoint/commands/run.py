@@ -57,7 +57,9 @@ def run(
         if node_rank > 0:
             job_id = loaded.spec.job.id
             with exits(source=loaded.source):
-                follow_lead(root, job_id, node_rank, (workdir / job_id).resolve(), store_args(root, job_id), log)
+                follow_lead(
+                    root, job_id, node_rank, (workdir / job_id).resolve(), store_args(root, job_id), log, loaded=loaded
+                )
             return
         with exits(source=loaded.source):
             outcome = run_job(loaded, root, workdir, log, until=until, reopen_test=reopen_test)

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from entrypoint.data.cleaning import apply_rules
-from entrypoint.data.encoding import IGNORE_INDEX, Encoded
-from entrypoint.data.reading import DataError, RawFile, a_type, cluster_of, records
+from entrypoint.data.encoding import IGNORE_INDEX, Encoded, reaches
+from entrypoint.data.reading import WHERE, DataError, RawFile, a_type, cluster_of, records
 
 __all__ = [
     "ChatTemplate",
@@ -121,6 +121,7 @@ def chat_rows(
             continue
         group = obj.get(group_field, "all") if group_field else "all"
         row = chat_row(turns, group if isinstance(group, str) else str(group))
+        row[WHERE] = where
         if cluster_field is not None:
             row["cluster"] = cluster_of(obj, cluster_field, where, errors)
             if row["cluster"] is None:
@@ -143,7 +144,8 @@ def clean_chat(rows: list[dict], rules) -> tuple[list[dict], dict[str, int]]:
         kept = contents.get(i, {})
         if len(kept) == len(row["messages"]):
             turns = [{**t, "content": kept[j]} for j, t in enumerate(row["messages"])]
-            out.append({**chat_row(turns, row["label"]), **({"cluster": row["cluster"]} if "cluster" in row else {})})
+            extra = {key: row[key] for key in ("cluster", WHERE) if key in row}
+            out.append({**chat_row(turns, row["label"]), **extra})
     return out, counts
 
 
@@ -205,18 +207,44 @@ class ChatTemplate:
         start = len(before) + at
         return start, start + len(content) + len(eot), eot
 
+    def reach(self, turns: Sequence[dict], max_length: int) -> int:
+        """How many leading turns can matter at `max_length` tokens: the fewest whose rendering already
+        holds max_length tokens (every later turn would be cut), or all of them. Found by doubling, so a
+        conversation of any length costs about two renderings of what fits, never one per turn."""
+        count = 1
+        while count < len(turns):
+            if reaches(self.tokenizer, self.render(turns[:count], False), max_length):
+                return count
+            count *= 2
+        return len(turns)
+
+    def trainable(self, turns: Sequence[dict], train_on: str, max_length: int) -> bool:
+        """Whether the first counted assistant turn starts within max_length tokens, so that the row
+        trains (and is scored) on something once cut to max_length."""
+        first = _targets(turns, train_on)[0]
+        return not reaches(self.tokenizer, self.render(turns[:first], True), max_length - 1)
+
     def prompt(self, turns: Sequence[dict]) -> str:
         """The rendering a model answers the last assistant turn from: the turns before it, then the
         generation prompt."""
         return self.render(turns[:-1], True)
 
 
-def encode_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, max_length: int) -> Encoded:
-    """Input ids of the whole conversation and labels that keep only the counted assistant tokens."""
-    tokenizer = template.tokenizer
-    whole = template.render(turns, False)
+def _targets(turns: Sequence[dict], train_on: str) -> list[int]:
+    """The assistant turns that count in the loss."""
     targets = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
-    spans = [template.span(turns, i, whole) for i in (targets[-1:] if train_on == "last_assistant" else targets)]
+    return targets[-1:] if train_on == "last_assistant" else targets
+
+
+def encode_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, max_length: int) -> Encoded:
+    """Input ids of the conversation and labels that keep only the counted assistant tokens. Only the turns
+    max_length can reach are rendered (ChatTemplate.reach); for a conversation cut that way, `full_length`
+    counts the tokens up to the first turn past max_length, not the whole conversation."""
+    tokenizer = template.tokenizer
+    targets = _targets(turns, train_on)
+    turns = turns[: template.reach(turns, max_length)]
+    whole = template.render(turns, False)
+    spans = [template.span(turns, i, whole) for i in targets if i < len(turns)]
     encoded = tokenizer(whole, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     starts, ends = {s for s, _ in offsets}, {e for _, e in offsets}

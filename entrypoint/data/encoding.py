@@ -25,6 +25,7 @@ __all__ = [
     "encode_image",
     "prepare_tokenizer",
     "processor_sha256",
+    "reaches",
 ]
 
 PREPROCESS_VERSION = "preprocess-1"
@@ -60,6 +61,14 @@ def prepare_tokenizer(tokenizer):
             raise ValueError("model: the tokenizer has neither a pad nor an eos token; a causal LM needs one")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def reaches(tokenizer, text: str, max_length: int) -> bool:
+    """Whether `text` tokenizes (without special tokens) to at least `max_length` tokens. A token holds at
+    least one byte (plus one for a tokenizer's leading marker), so shorter text needs no tokenizing."""
+    if len(text.encode()) + 1 < max_length:
+        return False
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= max_length
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ from entrypoint.data.packing import pack_plan, packed, row_boundaries
 from entrypoint.data.spool import labels_of
 from entrypoint.data.tokens import full_lengths, truncated_flags
 
-__all__ = ["build_inspection", "length_stats", "pick_examples", "smoke_markdown", "to_markdown", "labels_per_token"]
+__all__ = [
+    "build_inspection",
+    "labels_per_token",
+    "length_stats",
+    "pick_examples",
+    "smoke_markdown",
+    "to_markdown",
+    "untrainable_markdown",
+]
 
 _MD_TOKENS = 96  # tokens shown per example in the markdown; the JSON holds all of them
 
@@ -230,3 +238,13 @@ def smoke_markdown(smoke: dict) -> str:
     for name, s in smoke.get("splits", {}).items():
         out.append(f"- {name}: batch of {s['batch']}, loss {s['loss']:.4f}")
     return "\n".join(out) + "\n"
+
+
+def untrainable_markdown(untrainable: dict, max_length: int) -> str:
+    """What data.truncation did with rows that train on nothing at max_length."""
+    dropped, first = untrainable["dropped"], untrainable["first"]
+    shown = f"{dropped} dropped, the first at {first}" if dropped else "none found"
+    return (
+        f"\n## Rows with nothing to train on\n\nRows whose every counted token lies past model.max_length "
+        f"({max_length}) (data.truncation: {untrainable['policy']}): {shown}.\n"
+    )

@@ -23,16 +23,30 @@ from jobspec.schema import Store
 __all__ = [
     "MAX_ERRORS",
     "DataError",
+    "WHERE",
     "RawFile",
     "json_objects",
     "open_source",
     "records",
     "refuse",
+    "row_byte_limit",
     "cluster_of",
     "text_rows",
 ]
 
+WHERE = "_where"  # a row's file and line while it is read (data/text.py drops the key before spooling)
 MAX_ERRORS = 20  # lines listed in one error: enough to see the pattern, short enough to read
+# The most a text row may hold: no model sees more than model.max_length tokens of it, and a token rarely
+# spans more than a few dozen bytes; a larger row only costs memory (a 50 MB row took 6 GB to parse).
+ROW_BYTES_PER_TOKEN = 64
+ROW_BYTES_FLOOR = 1_000_000
+
+
+def row_byte_limit(max_length: int) -> int:
+    """The largest row, in bytes, a text source may hold: max(1 MB, 64 bytes x model.max_length)."""
+    return max(ROW_BYTES_FLOOR, ROW_BYTES_PER_TOKEN * max_length)
+
+
 PARQUET_MAGIC = b"PAR1"
 
 
@@ -50,6 +64,7 @@ class RawFile:
     path: Path | None
     format: str = "jsonl"
     files: tuple[tuple[str, Path], ...] = ()
+    max_row_bytes: int | None = None  # rows larger than this are errors (row_byte_limit), read no further
 
     @property
     def sha256(self) -> str:
@@ -172,6 +187,33 @@ def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
         for number, obj in json_objects(raw, errors):
             yield f"{raw.name}:{number}", obj
         return
+    for where, obj in _arrow_records(raw, errors):
+        size = _text_bytes(obj) if raw.max_row_bytes else 0
+        if raw.max_row_bytes and size > raw.max_row_bytes:
+            errors.append(_too_large(where, size, raw.max_row_bytes))
+            continue
+        yield where, obj
+
+
+def _too_large(where: str, size: int, limit: int) -> str:
+    return (
+        f"{where}: {size / 1e6:.1f} MB in one row; expected at most {limit / 1e6:.1f} MB, the limit for text rows "
+        f"(max(1 MB, {ROW_BYTES_PER_TOKEN} bytes x model.max_length): the model never sees more); shorten the row"
+    )
+
+
+def _text_bytes(value) -> int:
+    """About the bytes a row's values hold (characters of its strings), without encoding them."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_bytes(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    return 8
+
+
+def _arrow_records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
     import pyarrow as pa
 
     count = 0
@@ -277,6 +319,7 @@ def text_rows(
             errors.append(f"{where}: label {row['label']!r} is not one of data.labels ({allowed})")
             bad = True
         if not bad:
+            row[WHERE] = where
             yield row
 
 
@@ -298,6 +341,9 @@ def json_objects(raw: RawFile, errors: list[str]) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             seen = True
+            if raw.max_row_bytes and len(data) > raw.max_row_bytes:
+                errors.append(_too_large(f"{raw.name}:{number}", len(data), raw.max_row_bytes))
+                continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:

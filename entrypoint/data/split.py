@@ -104,7 +104,10 @@ def check_categories(splits: dict[str, list[dict]], declared: list[str] | None) 
     """The labels (declared, or those of the train split); every split must be non-empty and hold each."""
     for name, rows in splits.items():
         if not rows:
-            raise DataError(f"data: the {name} split is empty (after cleaning and leak handling)")
+            raise DataError(
+                f"data: the {name} split is empty (after cleaning, leak handling and, for causal LMs, dropping "
+                "rows with nothing to train on at model.max_length)"
+            )
     labels = declared or sorted(set(labels_of(splits["train"])))
     for name, rows in splits.items():
         missing = sorted(set(labels) - set(labels_of(rows)))

@@ -8,6 +8,7 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from entrypoint.data.inspection import build_inspection, length_stats, packed_ro
 from entrypoint.data.leaks import LEAKCHECK_VERSION, find_leaks
 from entrypoint.data.normalize import NORMALIZE_VERSION, normalize_text
 from entrypoint.data.parts import DataParts, Leaks
-from entrypoint.data.reading import DataError, RawFile, open_source, refuse, text_rows
+from entrypoint.data.reading import WHERE, DataError, RawFile, open_source, refuse, row_byte_limit, text_rows
 from entrypoint.data.split import SPLIT_VERSION, SPLITS, sort_digests
 from entrypoint.data.spool import Mapped, Spool, SpooledRows, chunked
 from entrypoint.data.tokens import features_of, token_counts
@@ -71,13 +72,17 @@ def read_text_parts(
     group_field: str | None = None,
     parse: Callable[[RawFile, list[str]], Iterator[dict]] | None = None,
     clean: Callable[[list[dict]], tuple[list[dict], dict]] | None = None,
+    trains: Callable[[dict], bool] | None = None,
 ) -> DataParts:
     """Every source of `spec.data` (one `source`, or `files` per split) read a chunk at a time, cleaned,
     spooled to `folder` (data/spool.py) and de-duplicated. `parse` and `clean` replace the field reader and
-    the per-field cleaning (chat rows: data/chat.py); `clean` sees a bounded chunk of rows at a time."""
+    the per-field cleaning (chat rows: data/chat.py); `clean` sees a bounded chunk of rows at a time. A row
+    for which `trains` says False (nothing to learn within model.max_length) is dropped, counted and the
+    first one named, or with data.truncation: fail refused, each named."""
     data = spec.data
     sources = {"all": data.source} if data.source else {name: getattr(data.files, name) for name in SPLITS}
     parts = DataParts({}, {}, 0, {"sources": {}, "cleaning": Counter()})
+    untrainable = {"rows": 0, "first": None}  # rows that train on nothing: how many, where the first was
     try:
         for name, location in sources.items():
             field = "data.source" if name == "all" else f"data.files.{name}"
@@ -85,6 +90,7 @@ def read_text_parts(
             parts.spools.append(spool)
             with open_source(location, spec.store, field) as raw:
                 parts.summary["sources"][location] = raw.sha256
+                raw = replace(raw, max_row_bytes=row_byte_limit(spec.model.max_length))
                 errors: list[str] = []
                 rows = (
                     parse(raw, errors)
@@ -98,6 +104,11 @@ def read_text_parts(
                     chunk, counts = clean(chunk) if clean else apply_rules(chunk, tuple(key_fields), data.clean)
                     parts.summary["cleaning"].update(counts)
                     for row in chunk:
+                        where = row.pop(WHERE, "?")
+                        if trains is not None and not _trains(trains, row, where, untrainable, log):
+                            if data.truncation == "fail":
+                                errors.append(f"{where}: {_NOTHING_TO_TRAIN} (data.truncation: fail)")
+                            continue
                         spool.add(row, dedupe_key(row, key_fields))
                     if time.monotonic() - last > 5:
                         last, done = time.monotonic(), parts.read[name]
@@ -110,7 +121,28 @@ def read_text_parts(
             spool.remove()
         raise
     parts.summary["cleaning"] = dict(parts.summary["cleaning"])
+    if trains is not None:
+        dropped, first = untrainable["rows"], untrainable["first"]
+        parts.summary["untrainable"] = {"policy": data.truncation, "dropped": dropped, "first": first}
+        if dropped:
+            log(f"data: {dropped} rows dropped: {_NOTHING_TO_TRAIN} (the first: {first}; data.truncation: drop)")
     return parts
+
+
+_NOTHING_TO_TRAIN = "every token that counts in the loss lies past model.max_length"
+SLOW_ROW_S = 3.0  # a row that takes longer than this to check is named in the log
+
+
+def _trains(trains: Callable[[dict], bool], row: dict, where: str, untrainable: dict, log) -> bool:
+    started = time.monotonic()
+    kept = trains(row)
+    took = time.monotonic() - started
+    if took > SLOW_ROW_S:
+        log(f"data: {where} took {took:.1f} s to check against model.max_length")
+    if not kept:
+        untrainable["rows"] += 1
+        untrainable["first"] = untrainable["first"] or where
+    return kept
 
 
 def text_leaks(

@@ -11,23 +11,25 @@ an error naming the key). JSONL follows the JSON Lines definition: records end w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from entrypoint.errors import Conflict, InvalidInput
 from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
 from entrypoint.store.objects import CorruptObject, read_json
+from jobspec.compare import locate
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 from jobspec.schema import JOB_ID_PATTERN
 
 __all__ = [
     "BASE_MODEL_KEY",
+    "Continued",
     "PHASE_NAMES",
     "JobConflict",
     "dumps",
+    "continue_spec",
     "freeze_spec",
     "job_store",
     "jsonl_lines",
@@ -123,21 +125,58 @@ def read_result(store: Store, phase: str) -> dict | None:
         return None
 
 
-def freeze_spec(store: Store, loaded: LoadedSpec) -> None:
-    """Store the spec once. The same job id with another spec is refused, never overwritten."""
+def freeze_spec(store: Store, loaded: LoadedSpec) -> Continued:
+    """Store the spec once; a later run of the job continues under the stored spec. Its spec may differ in
+    comments, formatting and locations (jobspec/compare.py), and in nothing else: any other difference is
+    refused (JobConflict naming every field), never overwritten."""
     try:
         store.put_if_absent("spec.yaml", loaded.text.encode())
-        return
+        return Continued(loaded, {}, {})
     except ObjectExists:
-        pass
-    stored = hashlib.sha256(store.get_bytes("spec.yaml")).hexdigest()
-    if stored != loaded.sha256:
-        stored_spec(store)  # an unreadable stored spec is named as such (CorruptObject), not as "another spec"
+        return continue_spec(store, loaded)
+
+
+def continue_spec(store: Store, loaded: LoadedSpec) -> Continued:
+    """The stored spec at `loaded`'s locations, for a process that brings its own copy of the job's spec
+    (freeze_spec on the lead, a follower node). Raises JobConflict naming every field that differs otherwise."""
+    stored = stored_spec(store)  # an unreadable stored spec is named as such (CorruptObject), not as "another spec"
+    if stored.sha256 == loaded.sha256:
+        return Continued(loaded, {}, {})
+    located, moved, changed = locate(stored.spec, loaded.spec)
+    if changed:
+        listed = "; ".join(str(difference) for difference in changed[:20])
+        more = f" (and {len(changed) - 20} more)" if len(changed) > 20 else ""
         raise JobConflict(
-            f"job.id {loaded.spec.job.id!r}: {store.uri} already holds this job with another spec "
-            f"(sha256 {stored[:12]}, yours {loaded.sha256[:12]}); choose a new job.id to start a new job, "
-            "or run the stored spec to continue it"
+            f"job.id {loaded.spec.job.id!r}: {store.uri}/spec.yaml holds this job with another spec; "
+            f"{len(changed)} field(s) differ: {listed}{more}. Choose a new job.id to start a new job, or run "
+            "the stored spec to continue it"
         )
+    was = {field: _dotted(stored.spec, field) for field in moved}
+    return Continued(LoadedSpec(located, stored.text, stored.sha256, loaded.source), moved, was)
+
+
+class Continued(NamedTuple):
+    """The spec a run works under: the stored one at this node's locations (`moved`: dotted field -> value,
+    empty when nothing moved; `was`: what the stored spec says there), with the stored spec's sha256 as the
+    job's identity."""
+
+    loaded: LoadedSpec
+    moved: dict
+    was: dict
+
+    def lines(self) -> list[str]:
+        """One line per moved location, for the log."""
+        return [
+            f"spec: {field} is {value!r} on this node (the stored spec says {self.was[field]!r}; the same job)"
+            for field, value in self.moved.items()
+        ]
+
+
+def _dotted(spec, field: str):
+    value = spec
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def stored_spec(store: Store) -> LoadedSpec:

@@ -19,11 +19,12 @@ from entrypoint.data.encoding import (
     IGNORE_INDEX,
     encode_causal,
     prepare_tokenizer,
+    reaches,
 )
 from entrypoint.data.packing import PackedCollator
 from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
-from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter
+from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter, resolve_model_dir
 from jobspec.schema import Adaptation, JobSpec
 
 __all__ = ["CausalLM"]
@@ -38,6 +39,7 @@ class CausalLM:
         self.loading = {**SAFE_LOADING, **({} if attn == "auto" else {"attn_implementation": attn})}
         self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
         self.log = log  # generation throughput goes here when set
+        self._reading = None  # the tokenizer `trains` checks rows with, loaded on first use
 
     @property
     def chat(self) -> bool:
@@ -55,7 +57,7 @@ class CausalLM:
             "group_field": data.label_field,
         }
         if not self.chat:
-            return TextFields(**common, recipe_extra=lambda processor: {"template": data.template})
+            return TextFields(**common, recipe_extra=lambda processor: {"template": data.template}, trains=self.trains)
         return TextFields(
             **common,
             parse=lambda raw, errors: chat_rows(
@@ -63,7 +65,21 @@ class CausalLM:
             ),
             clean=lambda rows: clean_chat(rows, data.clean),
             recipe_extra=self._chat_recipe,
+            trains=self.trains,
         )
+
+    def trains(self, row: dict) -> bool:
+        """Whether `row` keeps a counted token within model.max_length: the tokens before the response (a
+        prompt_response row's bos and rendered prompt; a conversation's turns before its first counted
+        assistant turn) must leave room for it. Reads the base model's tokenizer the first time."""
+        if self._reading is None:
+            self._reading = self.processor(resolve_model_dir(self.spec.model, self.spec.store, self.log or print))
+        data, max_length = self.spec.data, self.spec.model.max_length
+        if self.chat:
+            return self.template(self._reading).trainable(row["messages"], data.train_on, max_length)
+        prompt = data.template.format(prompt=row["prompt"])
+        bos = self._reading.bos_token_id is not None
+        return not reaches(self._reading, prompt, max_length - bos)
 
     def _chat_recipe(self, processor) -> dict:
         template = self.template(processor)

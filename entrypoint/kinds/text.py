@@ -31,6 +31,7 @@ class TextFields:
     parse: Callable[[RawFile, list[str]], Iterator[dict]] | None = None  # replaces the field reader (chat)
     clean: Callable[[list[dict]], tuple[list[dict], dict]] | None = None  # replaces per-field cleaning
     recipe_extra: Callable[[object], dict] = field(default=lambda processor: {})  # from the processor
+    trains: Callable[[dict], bool] | None = None  # False: the row trains on nothing at max_length (data.truncation)
 
 
 class TextData:
@@ -40,7 +41,15 @@ class TextData:
     def read(self, folder: Path, log: Callable[[str], None]) -> DataParts:
         f = self.fields
         return read_text_parts(
-            self.spec, folder, log, f.wanted, f.keys, group_field=f.group_field, parse=f.parse, clean=f.clean
+            self.spec,
+            folder,
+            log,
+            f.wanted,
+            f.keys,
+            group_field=f.group_field,
+            parse=f.parse,
+            clean=f.clean,
+            trains=f.trains,
         )
 
     def find_leaks(self, splits: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> Leaks:

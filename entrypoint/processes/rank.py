@@ -17,6 +17,7 @@ from entrypoint.context import subprocess_context
 from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import dumps, rank_result_key
 from entrypoint.store import ObjectExists
+from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import node_rank, rank
 from entrypoint.training.memory import is_oom
 from entrypoint.trial.train import train_trial
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"rentune: {exc}")
         return EXIT_INTERRUPTED
     except Exception as exc:
+        full = disk_full(exc, ctx.workdir)
+        if full is not None and full is not exc:
+            raise full from exc
         if not is_oom(exc):
             raise
         return _out_of_memory(ctx, trial_id, me, exc)

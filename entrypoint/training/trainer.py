@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from entrypoint.errors import EXIT_INTERRUPTED
+from entrypoint.errors import EXIT_INTERRUPTED, DiskFull
 from entrypoint.store import Store
 from entrypoint.store.checkpoint import CheckpointError, Nodes
 from entrypoint.store.committer import Committer
+from entrypoint.training.disk import check_room
 from entrypoint.training.distributed import node_count, node_rank
 from entrypoint.training.memory import PeakMemory
 from entrypoint.training.paramcheck import ParameterCheck
@@ -237,6 +238,7 @@ class StoreCheckpointCallback(TrainerCallback):
         self.deadline_hit_at: int | None = None
         self._final = False  # the save the Trainer is about to make is the last of this process
         self._save_asked_at: float | None = None
+        self.estimate_bytes = 0  # a first checkpoint's size before any was written: 12 bytes per trainable
 
     @property
     def committed(self) -> list[int]:
@@ -259,7 +261,22 @@ class StoreCheckpointCallback(TrainerCallback):
             f"-> every {self.interval_minutes:.1f} min (sqrt(2 x C x MTBF))"
         )
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def checkpoint_bytes(self) -> int:
+        """What the next checkpoint will take on disk: the last one's size, else the estimate."""
+        return self.records[-1]["bytes"] if self.records else self.estimate_bytes
+
+    def _room_problem(self, args, step: int) -> str | None:
+        """Why the work dir cannot hold the next checkpoint, or None (training/disk.py's check)."""
+        try:
+            check_room(Path(args.output_dir), self.checkpoint_bytes(), f"the checkpoint of step {step}")
+        except DiskFull as exc:
+            return str(exc)
+        return None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:  # weights and two Adam moments in fp32, plus the trainer's small files
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            self.estimate_bytes = 12 * trainable + 1_000_000
         if _distributed() and node_count() > 1:
             # One id per launch, from rank 0: a node's report of a step is told apart from one an earlier
             # launch left in the same step folder. A collective, so here in the main thread, never in a
@@ -287,12 +304,18 @@ class StoreCheckpointCallback(TrainerCallback):
         stop = self.sigterm.requested.is_set() or late
         failing = self.committer.failing
         save = save or end or stop  # a stop always commits first
+        full = self._room_problem(args, state.global_step) if save else None  # before torch writes a byte
         if _distributed():
             # Ranks must agree, or one waits in the save barrier while another runs the next all-reduce
             # (clocks and signal arrival differ per rank). This is a CPU-GPU sync point, once per step.
-            flags = torch.tensor([float(save), float(stop), float(failing)], device=_collective_device())
+            flags = [float(save), float(stop), float(failing), float(full is not None)]
+            flags = torch.tensor(flags, device=_collective_device())
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
             save, stop, failing = bool(flags[0]), bool(flags[1]), bool(flags[2])
+            if flags[3] and full is None:
+                full = "another node's work dir cannot hold the next checkpoint (its log says how much is free)"
+        if full is not None:
+            raise DiskFull(f"train: {full}")
         if failing:
             self.committer.raise_if_failing()  # the committing rank, with the store's error
             raise CheckpointError("checkpoint commits keep failing on another rank; stopping with it")

@@ -29,6 +29,7 @@ from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_
 from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params
 from entrypoint.tracking.callback import TrackingCallback
 from entrypoint.training.device import resolve_precision
+from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import deepspeed_config, is_rank, node_rank, rank
 from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.model import adaptation_summary, hash_base_model
@@ -286,7 +287,13 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
             eval_features=setup.eval_features,
             precision=precision,
         )
-        trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume.folder) if resume else None)
+        except Exception as exc:  # a full disk, wherever torch or the Trainer noticed it, is named as such
+            full = disk_full(exc, setup.out, saver.checkpoint_bytes(), "a checkpoint")
+            if full is None or full is exc:
+                raise
+            raise full from exc
         ended = not sigterm.requested.is_set()
     finally:
         if saver is not None:

@@ -210,3 +210,74 @@ def test_last_assistant_needs_the_assistant_to_speak_last(tmp_path, chat_model):
         f"{data}:1: the last turn is from the user; expected the assistant (data.train_on: last_assistant)"
         in done.stderr
     )
+
+
+def _long_rows(data: Path) -> tuple[list[int], int]:
+    """The job's rows, with every 12th given a system turn that fills max_length (nothing left to train
+    on), and one conversation of 3,000 short turns. Returns the untrainable rows' line numbers and the
+    long conversation's."""
+    rows, untrainable = _rows(), []
+    for i, row in enumerate(rows):
+        if i % 12 == 5:
+            row["messages"][0]["content"] = "please kindly " * 120
+            untrainable.append(i + 1)
+    turns = [{"role": r, "content": f"{r} turn {k}"} for k in range(1500) for r in ("user", "assistant")]
+    rows.append({"messages": [{"role": "system", "content": SYSTEM}, *turns], "channel": "web"})
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return untrainable, len(rows)
+
+
+def test_rows_with_nothing_to_train_on_are_dropped_named_and_shown_in_the_inspection(tmp_path, chat_model):
+    data = tmp_path / "long.jsonl"
+    untrainable, long_line = _long_rows(data)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data)))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", "--until", "data", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    expected = (
+        f"data: {len(untrainable)} rows dropped: every token that counts in the loss lies past model.max_length "
+        f"(the first: {data}:{untrainable[0]}; data.truncation: drop)"
+    )
+    assert expected in done.stdout
+    phase = tmp_path / "store/jobs/chat/phases/data"
+    inspection = json.loads((phase / "inspection.json").read_text())
+    assert inspection["untrainable"] == {
+        "policy": "drop",
+        "dropped": len(untrainable),
+        "first": f"{data}:{untrainable[0]}",
+    }
+    assert f"{len(untrainable)} dropped, the first at {data}:{untrainable[0]}" in (phase / "inspection.md").read_text()
+    kept = [json.loads(line) for name in ("train", "eval", "test") for line in (phase / f"{name}.jsonl").open()]
+    assert len(kept) == 61 - len(untrainable)  # the 3,000-turn conversation is kept: its first answer fits
+    assert not any("please kindly please kindly" in row["messages"][0]["content"] for row in kept)
+    assert json.loads((phase / "result.json").read_text())["untrainable"]["dropped"] == len(untrainable)
+    assert long_line == 61
+
+
+def test_rows_with_nothing_to_train_on_are_refused_each_named_with_truncation_fail(tmp_path, chat_model):
+    data = tmp_path / "long.jsonl"
+    untrainable, _ = _long_rows(data)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data, truncation="fail")))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", "--until", "data", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in untrainable:
+        assert (
+            f"{data}:{line}: every token that counts in the loss lies past model.max_length (data.truncation: fail)"
+            in done.stderr
+        )
+    assert not (tmp_path / "store/jobs/chat/phases").exists()
+
+
+def test_a_row_larger_than_max_length_can_use_is_refused_with_file_and_line(tmp_path, chat_model):
+    data = tmp_path / "huge.jsonl"
+    rows = _rows()
+    rows[7]["messages"][1]["content"] = "x" * 2_500_000  # 2.5 MB: the limit is max(1 MB, 64 x 160 bytes)
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data)))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", "--until", "data", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{data}:8: 2.5 MB in one row; expected at most 1.0 MB, the limit for text rows" in done.stderr
+    assert done.stderr.count(f"{data}:") == 1
+    assert not (tmp_path / "store/jobs/chat/phases").exists()

@@ -149,8 +149,9 @@ def test_causal_inspection_masks_exactly_the_prompt_and_reports_truncation(tmp_p
     from transformers import AutoTokenizer
 
     rows = _causal_rows()  # formats cycle json, csv, yaml: every split below holds each one
-    files = {
-        "train": _write(tmp_path / "train.jsonl", rows[:24] + rows[30:]),  # the over-long one trains
+    cut = {"prompt": "A long answer, please.", "response": "word " * 60, "format": "json"}  # trains, truncated
+    files = {  # line 25 of train: a prompt past max_length, nothing to train on: dropped and named
+        "train": _write(tmp_path / "train.jsonl", rows[:24] + rows[30:] + [cut]),
         "eval": _write(tmp_path / "eval.jsonl", rows[24:27]),
         "test": _write(tmp_path / "test.jsonl", rows[27:30]),
     }
@@ -174,8 +175,11 @@ def test_causal_inspection_masks_exactly_the_prompt_and_reports_truncation(tmp_p
         loss_positions = [t["position"] for t in example["tokens"] if t["in_loss"]]
         assert loss_positions == list(range(1 + len(prompt_ids), len(expected)))
         assert [ids[p] for p in loss_positions] == expected[1 + len(prompt_ids) :]
-    long = [e for e in examples if e["row"]["prompt"].startswith("A very long order")]
-    assert long and long[0]["truncated"] and long[0]["full_length"] > 48 and long[0]["loss"]["count"] == 0
+    assert not [e for e in examples if e["row"]["prompt"].startswith("A very long order")]
+    assert inspection["untrainable"] == {"policy": "drop", "dropped": 1, "first": f"{files['train']}:25"}
+    assert result["untrainable"] == inspection["untrainable"] and result["counts"]["train"]["json"] == 9
+    long = [e for e in examples if e["row"]["prompt"] == cut["prompt"]]
+    assert long and long[0]["truncated"] and long[0]["full_length"] > 48 and long[0]["loss"]["count"] > 0
     total_truncated = sum(s["truncated"] for s in inspection["lengths"].values())
     assert total_truncated == 1 and result["lengths"]["train"]["max_length"] == 48
     markdown = ctx.store.get_bytes("phases/data/inspection.md").decode()

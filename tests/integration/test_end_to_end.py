@@ -175,5 +175,6 @@ def test_same_job_id_with_another_spec_is_refused_and_nothing_changes(finished_j
     changed = _spec(tmp_path, learning_rate=0.0005)
     result = rentune("run", str(changed), "--store", f"file://{tmp / 'store'}", cwd=tmp_path)
     assert result.returncode == 3
-    assert "already holds this job with another spec" in result.stderr
+    differ = "holds this job with another spec; 1 field(s) differ: training.learning_rate: stored 0.002, yours 0.0005"
+    assert differ in result.stderr
     assert _snapshot(job) == before

@@ -95,3 +95,42 @@ def test_a_tokenizer_without_a_template_is_refused():
     tokenizer.chat_template = None
     with pytest.raises(TemplateError, match="has no chat template; set data.chat_template"):
         ChatTemplate(tokenizer)
+
+
+def _long_conversation(turns: int) -> list[dict]:
+    pairs = [
+        [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]
+        for i in range(turns // 2)
+    ]
+    return [turn for pair in pairs for turn in pair]
+
+
+@pytest.mark.parametrize("train_on", ["all_assistant", "last_assistant"])
+def test_a_long_conversation_renders_only_what_max_length_reaches(llama3, train_on):
+    template, rendered = ChatTemplate(llama3), []
+    render = template.render
+    template.render = lambda turns, generation_prompt: rendered.append(len(turns)) or render(turns, generation_prompt)
+    conversation = _long_conversation(10_000)
+    encoded = encode_chat(template, conversation, train_on, max_length=256)
+    # doubling to the first turns that fill max_length, then those turns' spans: never a rendering per turn
+    # of the whole conversation (10,000 renderings of up to 10,000 turns before)
+    assert len(rendered) < 120 and max(rendered) <= 256, rendered
+    assert encoded.truncated and len(encoded.features["input_ids"]) == 256
+    counted = [label for label in encoded.features["labels"] if label != IGNORE_INDEX]
+    if train_on == "all_assistant":  # the answers that fit, as a full rendering would have counted them
+        full = encode_chat(ChatTemplate(llama3), conversation[:200], train_on, max_length=256)
+        assert encoded.features == full.features
+    else:  # the last answer lies far past max_length: nothing counts, and the row is not trainable
+        assert counted == [] and not template.trainable(conversation, train_on, 256)
+
+
+def test_a_row_is_trainable_while_its_first_counted_turn_starts_within_max_length(llama3):
+    template = ChatTemplate(llama3)
+    long_system = [{"role": "system", "content": "rule " * 300}]
+    short = CONVERSATION[1:]
+    assert template.trainable(short, "all_assistant", 64)
+    assert not template.trainable(long_system + short, "all_assistant", 64)
+    assert template.trainable(long_system + short, "all_assistant", 4096)
+    # the earlier answer fits, the last one does not: all_assistant still trains, last_assistant does not
+    at = len(template.tokenizer(template.render(short[:3], True), add_special_tokens=False)["input_ids"])
+    assert template.trainable(short, "all_assistant", at) and not template.trainable(short, "last_assistant", at)

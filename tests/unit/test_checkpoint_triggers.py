@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -37,7 +38,8 @@ def _callback(policy: CheckpointPolicy, sigterm=None):
 
 
 def _step(callback, step: int, max_steps: int = 100) -> TrainerControl:
-    return callback.on_step_end(None, SimpleNamespace(global_step=step, max_steps=max_steps), TrainerControl())
+    args = SimpleNamespace(output_dir=tempfile.gettempdir())  # a disk with room: only the triggers decide
+    return callback.on_step_end(args, SimpleNamespace(global_step=step, max_steps=max_steps), TrainerControl())
 
 
 def test_minutes_interval(clock):
@@ -57,7 +59,7 @@ def test_auto_interval_follows_the_measured_commit_cost(clock):
     clock.now += 1
     assert _step(callback, 2).should_save
     # the commit of step 2 took 9 s in all: sqrt(2 x 9 s x 7200 s) = 360 s = 6 min
-    callback.records.append({"step": 2, "blocked_s": 1.0, "commit_s": 8.0})
+    callback.records.append({"step": 2, "bytes": 1000, "blocked_s": 1.0, "commit_s": 8.0})
     callback.last_commit = clock.now
     clock.now += 6 * 60 - 1
     assert not _step(callback, 3).should_save
