@@ -161,6 +161,8 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
         )
     if not chat and spec.data.chat_template:
         errors.append(f"{source}: data.chat_template: expected data.format messages, sharegpt or alpaca")
+    if not chat and spec.data.chat_template_kwargs:
+        errors.append(f"{source}: data.chat_template_kwargs: expected data.format messages, sharegpt or alpaca")
     template_file = spec.data.chat_template
     if template_file and (
         template_file.startswith("s3://") or not Path(template_file.removeprefix("file://")).is_file()

@@ -12,7 +12,7 @@ import urllib.parse
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = [
@@ -102,6 +102,7 @@ def _duration(value: str) -> str:
 
 
 PathStr = Annotated[str, AfterValidator(_local_or_store_path)]
+TemplateArgument = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
 Duration = Annotated[str, AfterValidator(_duration)]
 
 
@@ -382,6 +383,18 @@ class Data(_Section):
         "all_assistant",
         description="Chat formats: the assistant turns that count in the loss (each with its end-of-turn token); "
         "everything else is masked.",
+    )
+    chat_template_kwargs: dict[TemplateArgument, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Chat formats: arguments every rendering of the chat template gets (training, eval prompts, "
+        "generation, the export), e.g. {enable_thinking: false} for Qwen3; recorded in the data version, every "
+        "eval config and BINDING.json.",
+    )
+    train_on_reasoning: bool = Field(
+        True,
+        description="Chat formats: whether the text a template writes before an answer's content (the reasoning of "
+        "a `reasoning_content` field, an empty think block) counts in the loss; false: only the content and its "
+        "end-of-turn token.",
     )
     truncation: Literal["drop", "fail"] = Field(
         "drop",

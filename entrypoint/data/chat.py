@@ -1,32 +1,42 @@
 """Chat data for causal LMs: rows in the `messages`, `sharegpt` or `alpaca` format become one conversation
-shape, rendered with the model's own chat template, with the loss on assistant turns only.
+shape, rendered with the model's own chat template, with the loss on what the assistant generates only.
 
-    read:    {"messages": [{"role", "content"}...]} | {"conversations": [{"from", "value"}...]} |
-             {"instruction", "input", "output"}  ->  {"messages", "prompt", "response", "label"}
-    encode:  the whole conversation rendered once and tokenized once; a token counts in the loss only if it
-             lies inside an assistant turn's content or the end-of-turn token right after it
+    read:    {"messages": [{"role", "content", ["reasoning_content"]}...]} | {"conversations": [{"from",
+             "value"}...]} | {"instruction", "input", "output"}  ->  {"messages", "prompt", "response", "label"}
+    encode:  the conversation rendered once (with data.chat_template_kwargs) and tokenized once; a token
+             counts in the loss only inside a trained assistant turn's span
     prompt:  the turns before the last assistant turn, rendered with the template's generation prompt
 
-Assistant spans come from the template itself, rendered incrementally: for assistant turn i, the rendering
-of turns [0, i) with the generation prompt must be a prefix of the rendering of turns [0, i], which must be
-a prefix of the whole conversation; what lies between them is the turn (its content, maybe trimmed, then
-an end-of-turn special token). Each span must start and end on a token boundary, and the counted tokens
-must decode exactly to the contents plus their end-of-turn tokens. A template or row for which any of
-this fails is refused with the reason, never trained on with a guessed mask.
+A span runs from where the model starts generating to its end-of-turn token, inclusive, and is found in the
+one rendering, turn after turn: the template's generation prompt (or, for a turn in the history, the header
+it writes there, which may be shorter: Qwen3's empty think block belongs to the generation prompt only with
+enable_thinking false), then the turn's content, then a special token. Text the template itself writes
+between header and content (an empty think block, the reasoning it renders) lies inside the span and is
+trained, because the model has to produce it; with `train_on_reasoning: false` the span starts at the
+content. A template that renders history differently once later turns follow (reasoning dropped, the system
+prompt moved next to the last user turn) is trained on each turn as the final rendering shows it: that is
+what the model sees at inference with that history. Only what cannot be located is refused: content the
+template changes, an answer no special token ends, a span that would cut a token. A template with
+`{% generation %}` markers gives the mask itself (transformers' return_assistant_tokens_mask), checked to
+hold every span found in the rendering.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from entrypoint.data.cleaning import apply_rules
 from entrypoint.data.encoding import IGNORE_INDEX, Encoded, reaches
 from entrypoint.data.reading import WHERE, DataError, RawFile, a_type, cluster_of, records
 
 __all__ = [
+    "REASONING_FIELDS",
     "ChatTemplate",
+    "Span",
     "TemplateError",
     "chat_rows",
     "clean_chat",
@@ -34,6 +44,7 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant")
+REASONING_FIELDS = ("reasoning_content", "thinking")  # on assistant turns, passed to the template as given
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
@@ -78,6 +89,14 @@ def _turns(obj: dict, fmt: str) -> tuple[list[dict] | None, str | None]:
             what = "missing" if content is None else a_type(content)
             return None, f"{where}.{content_key} is {what}; expected text"
         out.append({"role": role if fmt == "messages" else SHAREGPT_ROLES[role], "content": content})
+        for name in REASONING_FIELDS if fmt == "messages" else ():  # passed to the template as given
+            value = turn.get(name)
+            if value is None:
+                continue
+            if role != "assistant" or not isinstance(value, str):
+                what = f"on a {role} turn" if role != "assistant" else a_type(value)
+                return None, f"{where}.{name} is {what}; expected text on an assistant turn"
+            out[-1][name] = value
     return out, None
 
 
@@ -151,11 +170,28 @@ def clean_chat(rows: list[dict], rules) -> tuple[list[dict], dict[str, int]]:
 
 # -- the template -------------------------------------------------------------------------------------
 
+# `{% generation %}` ... `{% endgeneration %}`: a template's own marking of what the assistant generates
+_GENERATION_MARKER = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+class Span(NamedTuple):
+    """Where assistant turn `turn` lies in a rendering: the model generates from `start` (where the
+    generation prompt ends; text the template inserts there, such as an empty think block, lies inside)
+    through its content (from `content`) to its end-of-turn token, inclusive, ending at `end`."""
+
+    turn: int
+    start: int
+    content: int
+    end: int
+    end_of_turn: str
+    note: str | None = None  # how the template rewrote the turn (reasoning stripped), for the inspection
+
 
 class ChatTemplate:
-    """A tokenizer with the chat template it renders with (the tokenizer's own, or `source`'s file)."""
+    """A tokenizer with the chat template it renders with (the tokenizer's own, or `source`'s file) and
+    the arguments every rendering gets (`kwargs`: data.chat_template_kwargs, such as enable_thinking)."""
 
-    def __init__(self, tokenizer, source: str | None = None):
+    def __init__(self, tokenizer, source: str | None = None, kwargs: dict | None = None):
         if source:
             tokenizer.chat_template = Path(source.removeprefix("file://")).read_text()
         if not tokenizer.chat_template:
@@ -165,47 +201,121 @@ class ChatTemplate:
             )
         self.tokenizer = tokenizer
         self.text = tokenizer.chat_template
+        self.kwargs = dict(kwargs or {})
         self.sha256 = hashlib.sha256(self.text.encode()).hexdigest()
+        self.markers = bool(_GENERATION_MARKER.search(self.text))
         # longest first, so that a special token that starts with another is matched whole
         specials = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
         self._specials = sorted((token for token in specials if token), key=len, reverse=True)
-        self.end_of_turn = self._end_of_turn()
+        self.generation_prompt, self.header = self._headers()
+        probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+        self.end_of_turn = self.spans(probe)[0].end_of_turn
+        self.notes = self._notes()
 
     def render(self, turns: Sequence[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=generation_prompt)
+        """The template's rendering of `turns`. Raises TemplateError with the template's own message when
+        it refuses a conversation (Gemma 2's "System role not supported")."""
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(turns), tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # jinja2's TemplateError, or raise_exception() inside the template
+            raise TemplateError(f"the chat template refuses this conversation: {exc}") from None
 
-    def _end_of_turn(self) -> str:
-        """The special token the template puts right after an assistant turn's content."""
-        probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
-        return self.span(probe, 1)[2]
+    def _headers(self) -> tuple[str, str]:
+        """What the template writes before an assistant turn: its generation prompt (what a model
+        answering now is given) and the header of an assistant turn in the history, which may be shorter
+        (Qwen3 adds an empty think block to the generation prompt only with enable_thinking: false). A
+        header of whitespace alone (Mistral's " " after [/INST]) starts at the special token before it."""
+        user = [{"role": "user", "content": "Hi."}]
+        plain, prompted = self.render(user, False), self.render(user, True)
+        prompt = prompted[len(plain) :] if prompted.startswith(plain) else ""
+        first, second = "Hello there.", "Goodbye now."
+        history = [*user, {"role": "assistant", "content": first}, {"role": "user", "content": "Bye."}]
+        whole = self.render([*history, {"role": "assistant", "content": second}], False)
+        at = whole.find(first)
+        header = whole[len(plain) : at] if at >= 0 and whole.startswith(plain) else ""
+        if not header.strip() and at >= 0:
+            before = whole[:at]
+            special = max((before.rfind(token) for token in self._specials), default=-1)
+            header = before[special:] if special >= 0 else header
+        if not (prompt.strip() or header.strip()):
+            raise TemplateError(
+                "data.chat_template: the template writes nothing before an assistant turn (no generation prompt, "
+                "no role header), so where the model starts answering cannot be found; rentune will not guess a mask"
+            )
+        return prompt, header
 
-    def span(self, turns: Sequence[dict], i: int, whole: str | None = None) -> tuple[int, int, str]:
-        """(start, end, end-of-turn token) of assistant turn `i` in the rendering of `turns` (`whole`)."""
+    def _notes(self) -> list[str]:
+        """What this template does to conversations that a user should know, found on probes: where a
+        rendering of answered turns differs from the prompt the model answers from at eval."""
+        notes = []
+        user, answer = {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}
+        marker = "Probe system prompt."
+        try:
+            prompted = self.render([{"role": "system", "content": marker}, user], True)
+            answered = self.render([{"role": "system", "content": marker}, user, answer], False)
+        except TemplateError:  # a template without system turns (Gemma 2): rows with one are refused
+            prompted = answered = marker
+        if marker in prompted and marker not in answered:
+            notes.append(
+                "the system prompt is rendered only when the conversation ends with a user turn: trained without it"
+            )
+        reasoning = "Probe reasoning."
+        thought = {**answer, "reasoning_content": reasoning}
+        last = self.render([user, thought], False)
+        earlier = self.render([user, thought, {"role": "user", "content": "Bye."}, answer], False)
+        if reasoning in last and reasoning not in earlier:
+            notes.append("reasoning of earlier answers is left out of the rendering: they are trained as rendered")
+        rendered = self.render([user, answer], False)
+        if "<think>" in self.generation_prompt and "<think>" not in rendered:
+            notes.append(
+                "the generation prompt opens a think block that rendered answers do not have: answers are trained "
+                "as rendered"
+            )
+        return notes
+
+    def spans(self, turns: Sequence[dict], whole: str | None = None) -> list[Span]:
+        """Every assistant turn's span in one rendering of `turns` (`whole`), found in order: its header
+        (the earliest of the generation prompt and the history header after the previous turn), then its
+        content (as given, or stripped, or without the reasoning a template removes from history), then an
+        end-of-turn special token. A turn whose content the template changed, or that no special token
+        ends, is refused (TemplateError)."""
         whole = self.render(turns, False) if whole is None else whole
-        before = self.render(turns[:i], True)
-        through = self.render(turns[: i + 1], False)
-        if not (through.startswith(before) and whole.startswith(through)):
-            raise TemplateError(
-                "data.chat_template: the template renders earlier turns differently once later turns follow "
-                f"(turn {i}), so its rendering cannot be split into turns; rentune will not guess a mask"
-            )
-        content = turns[i]["content"].strip()
-        tail = through[len(before) :]
-        at = tail.find(content)
-        if at < 0 or tail[:at].strip():
-            raise TemplateError(
-                f"data.chat_template: assistant turn {i}'s content does not follow the generation prompt; "
-                "the template changes the content or adds text before it"
-            )
-        rest = tail[at + len(content) :]
-        eot = next((token for token in self._specials if rest.startswith(token)), None)
-        if eot is None:
-            raise TemplateError(
-                f"data.chat_template: no end-of-turn special token right after assistant turn {i} "
-                f"(found {rest[:20]!r}); the model could not learn where its answer ends"
-            )
-        start = len(before) + at
-        return start, start + len(content) + len(eot), eot
+        headers = [h for h in dict.fromkeys((self.generation_prompt, self.header)) if h.strip()]
+        found, cursor = [], 0
+        for i, turn in enumerate(turns):
+            if turn["role"] != "assistant":
+                continue
+            hits = sorted((at, -len(h), h) for h in headers if (at := whole.find(h, cursor)) >= 0)
+            if not hits:
+                raise TemplateError(f"data.chat_template: assistant turn {i} has no assistant header in the rendering")
+            at, _, header = hits[0]
+            start = at + len(header)
+            following = min((p for h in headers if (p := whole.find(h, start)) >= 0), default=len(whole))
+            content, text, note = _located(whole, turn, start, following)
+            if content is None:
+                raise TemplateError(
+                    f"data.chat_template: assistant turn {i}'s content is not in the rendering after its header; the "
+                    "template changes the content, and rentune will not guess a mask"
+                )
+            reasoning = next((turn[f] for f in REASONING_FIELDS if isinstance(turn.get(f), str)), "").strip()
+            if reasoning and reasoning not in whole[start:content]:
+                note = "turn {turn}'s reasoning is not in the rendering: trained as rendered"
+            rest = whole[content + len(text) :]
+            gap = len(rest) - len(rest.lstrip())
+            eot = next((token for token in self._specials if rest[gap:].startswith(token)), None)
+            if eot is None:
+                raise TemplateError(
+                    f"data.chat_template: no end-of-turn special token right after assistant turn {i} "
+                    f"(found {rest[:20]!r}); the model could not learn where its answer ends"
+                )
+            end = content + len(text) + gap + len(eot)
+            found.append(Span(i, start, content, end, eot, note.format(turn=i) if note else None))
+            cursor = end
+        return found
 
     def reach(self, turns: Sequence[dict], max_length: int) -> int:
         """How many leading turns can matter at `max_length` tokens: the fewest whose rendering already
@@ -224,10 +334,32 @@ class ChatTemplate:
         first = _targets(turns, train_on)[0]
         return not reaches(self.tokenizer, self.render(turns[:first], True), max_length - 1)
 
+    def assistant_mask(self, turns: Sequence[dict]) -> tuple[list[int], list[int]]:
+        """Input ids and the template's own assistant mask (its `{% generation %}` markers, read through
+        transformers' return_assistant_tokens_mask)."""
+        out = self.tokenizer.apply_chat_template(
+            list(turns), tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **self.kwargs
+        )
+        return list(out["input_ids"]), list(out["assistant_masks"])
+
     def prompt(self, turns: Sequence[dict]) -> str:
         """The rendering a model answers the last assistant turn from: the turns before it, then the
         generation prompt."""
         return self.render(turns[:-1], True)
+
+
+def _located(whole: str, turn: dict, start: int, limit: int) -> tuple[int | None, str, str | None]:
+    """Where a turn's content starts in `whole` between its header (`start`) and the next header
+    (`limit`), the text found there, and a note when the template rendered it otherwise (a template that
+    keeps only the answer after a `</think>` in the content)."""
+    content = turn["content"].strip()
+    at = whole.find(content, start)
+    if 0 <= at < limit:
+        return at, content, None
+    answer = content.rpartition("</think>")[2].strip()
+    if "</think>" in content and answer and 0 <= (at := whole.find(answer, start)) < limit:
+        return at, answer, "turn {turn}'s reasoning is not in the rendering: trained as rendered"
+    return None, content, None
 
 
 def _targets(turns: Sequence[dict], train_on: str) -> list[int]:
@@ -236,35 +368,77 @@ def _targets(turns: Sequence[dict], train_on: str) -> list[int]:
     return targets[-1:] if train_on == "last_assistant" else targets
 
 
-def encode_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, max_length: int) -> Encoded:
-    """Input ids of the conversation and labels that keep only the counted assistant tokens. Only the turns
+def encode_chat(
+    template: ChatTemplate, turns: Sequence[dict], train_on: str, max_length: int, train_on_reasoning: bool = True
+) -> Encoded:
+    """Input ids of the conversation and labels that keep only what the model must generate in the counted
+    assistant turns: from where the generation prompt ends (template-inserted text and reasoning included,
+    unless `train_on_reasoning` is false: then from the content) through the end-of-turn token. With
+    `{% generation %}` markers the template's own mask decides, checked to hold those spans. Only the turns
     max_length can reach are rendered (ChatTemplate.reach); for a conversation cut that way, `full_length`
     counts the tokens up to the first turn past max_length, not the whole conversation."""
     tokenizer = template.tokenizer
-    targets = _targets(turns, train_on)
+    targets = set(_targets(turns, train_on))
     turns = turns[: template.reach(turns, max_length)]
     whole = template.render(turns, False)
-    spans = [template.span(turns, i, whole) for i in targets if i < len(turns)]
+    spans = template.spans(turns, whole)
     encoded = tokenizer(whole, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
-    starts, ends = {s for s, _ in offsets}, {e for _, e in offsets}
+    counted = [_counted(whole, offsets, s, train_on_reasoning) for s in spans]
+    if template.markers:
+        counted = _marked(template, turns, ids, offsets, spans, counted, train_on_reasoning)
     labels = [IGNORE_INDEX] * len(ids)
-    for start, end, _ in spans:
-        if start not in starts or end not in ends:
-            raise TemplateError(
-                f"an assistant turn ({whole[start:end][:40]!r}...) does not start and end on token boundaries; "
-                "its loss mask would cut a token"
-            )
-        inside = [k for k, (s, e) in enumerate(offsets) if start <= s and e <= end and e > s]
-        for k in inside:
-            labels[k] = ids[k]
-        decoded = tokenizer.decode([ids[k] for k in inside], skip_special_tokens=False)
-        if decoded != whole[start:end]:
-            raise TemplateError(
-                f"the counted tokens of an assistant turn decode to {decoded[:60]!r}, not to its content and "
-                f"end-of-turn token {whole[start:end][:60]!r}"
-            )
+    for span, positions in zip(spans, counted, strict=True):
+        if span.turn in targets:
+            for k in positions:
+                labels[k] = ids[k]
     full = len(ids)
     ids, labels = ids[:max_length], labels[:max_length]
     features = {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
     return Encoded(features, full, full > max_length)
+
+
+def _counted(whole: str, offsets: Sequence[tuple[int, int]], span: Span, reasoning: bool) -> list[int]:
+    """The token positions of `span` (from its content when not `reasoning`). A span starts on a token
+    boundary, or widens over whitespace to the one before it; it ends on one; its tokens decode to it."""
+    start = span.start if reasoning else span.content
+    starts = {s: k for k, (s, e) in enumerate(offsets) if e > s}
+    while start not in starts and start > 0 and whole[start - 1].isspace():
+        start -= 1
+    first = starts.get(start)
+    last = next((k for k, (s, e) in enumerate(offsets) if e == span.end and e > s), None)
+    if first is None or last is None:
+        raise TemplateError(
+            f"assistant turn {span.turn} ({whole[span.content : span.content + 40]!r}...) does not start and end on "
+            "token boundaries; its loss mask would cut a token"
+        )
+    return list(range(first, last + 1))
+
+
+def _marked(template, turns, ids, offsets, spans, counted, reasoning) -> list[list[int]]:
+    """The template's `{% generation %}` mask, one run of tokens per assistant turn, each holding the
+    turn's span (checked: a marked block that misses what the model must generate is refused)."""
+    marked_ids, mask = template.assistant_mask(turns)
+    runs, run = [], []
+    for k, flag in enumerate(mask):
+        if flag:
+            run.append(k)
+        elif run:
+            runs.append(run)
+            run = []
+    if run:
+        runs.append(run)
+    if marked_ids != ids or len(runs) != len(spans):
+        raise TemplateError(
+            f"data.chat_template: its generation markers mark {len(runs)} blocks for {len(spans)} assistant turns "
+            "(or tokenize differently from the rendering); rentune will not guess which is which"
+        )
+    out = []
+    for span, positions, marked in zip(spans, counted, runs, strict=True):
+        if not set(positions) <= set(marked):
+            raise TemplateError(
+                f"data.chat_template: the generation markers of assistant turn {span.turn} leave out part of what "
+                "the model must generate (its content or end-of-turn token)"
+            )
+        out.append([k for k in marked if reasoning or offsets[k][0] >= span.content])
+    return out

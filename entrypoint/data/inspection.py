@@ -16,6 +16,7 @@ from entrypoint.data.tokens import full_lengths, truncated_flags
 
 __all__ = [
     "build_inspection",
+    "chat_markdown",
     "labels_per_token",
     "length_stats",
     "pick_examples",
@@ -248,3 +249,20 @@ def untrainable_markdown(untrainable: dict, max_length: int) -> str:
         f"\n## Rows with nothing to train on\n\nRows whose every counted token lies past model.max_length "
         f"({max_length}) (data.truncation: {untrainable['policy']}): {shown}.\n"
     )
+
+
+def chat_markdown(recipe: dict) -> str:
+    """How the chat template was used: the generation prompt, the mask's source, the template's arguments,
+    and what it does to conversations (ChatTemplate.notes)."""
+    lines = [
+        "\n## Chat template\n",
+        f"- sha256 {recipe['chat_template_sha256'][:16]}, arguments {recipe.get('chat_template_kwargs') or 'none'}",
+        f"- generation prompt {recipe.get('generation_prompt', '')!r}, end of turn {recipe.get('end_of_turn')!r}",
+        f"- loss mask from {recipe.get('mask', 'spans in the rendering')}; each trained answer from where the model "
+        "starts generating through its end-of-turn token; text the template writes there (a think block) counts"
+        + ("" if recipe.get("train_on_reasoning", True) else " only from the content (train_on_reasoning: false)"),
+        "- turns the template renders differently once later turns follow are trained as the final rendering "
+        "shows them (what the model sees at inference with that history)",
+    ]
+    lines += [f"- this template: {note}" for note in recipe.get("notes", [])]
+    return "\n".join(lines) + "\n"

@@ -105,7 +105,12 @@ def read_text_parts(
                     parts.summary["cleaning"].update(counts)
                     for row in chunk:
                         where = row.pop(WHERE, "?")
-                        if trains is not None and not _trains(trains, row, where, untrainable, log):
+                        try:
+                            kept = trains is None or _trains(trains, row, where, untrainable, log)
+                        except DataError as exc:  # a chat template that refuses the conversation
+                            errors.append(f"{where}: {exc}")
+                            continue
+                        if not kept:
                             if data.truncation == "fail":
                                 errors.append(f"{where}: {_NOTHING_TO_TRAIN} (data.truncation: fail)")
                             continue

@@ -83,11 +83,17 @@ class CausalLM:
 
     def _chat_recipe(self, processor) -> dict:
         template = self.template(processor)
+        data = self.spec.data
         return {
-            "format": self.spec.data.format,
-            "train_on": self.spec.data.train_on,
+            "format": data.format,
+            "train_on": data.train_on,
+            "train_on_reasoning": data.train_on_reasoning,
             "chat_template_sha256": template.sha256,
+            "chat_template_kwargs": dict(data.chat_template_kwargs),
             "end_of_turn": template.end_of_turn,
+            "generation_prompt": template.generation_prompt,
+            "mask": "generation markers" if template.markers else "spans in the rendering",
+            "notes": template.notes,
         }
 
     def processor(self, folder: Path):
@@ -97,13 +103,16 @@ class CausalLM:
 
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder))
         if self.chat:
-            self._templates[id(tokenizer)] = ChatTemplate(tokenizer, self.spec.data.chat_template)
+            self._templates[id(tokenizer)] = self._chat_template(tokenizer)
         return tokenizer
 
     def template(self, processor) -> ChatTemplate:
         if id(processor) not in self._templates:
-            self._templates[id(processor)] = ChatTemplate(processor, self.spec.data.chat_template)
+            self._templates[id(processor)] = self._chat_template(processor)
         return self._templates[id(processor)]
+
+    def _chat_template(self, tokenizer) -> ChatTemplate:
+        return ChatTemplate(tokenizer, self.spec.data.chat_template, self.spec.data.chat_template_kwargs)
 
     def encode(self, processor, rows: Sequence[dict], labels: Sequence[str]) -> list:
         data, max_length = self.spec.data, self.spec.model.max_length
@@ -111,7 +120,9 @@ class CausalLM:
             template, encoded = self.template(processor), []
             for row in rows:
                 try:
-                    encoded.append(encode_chat(template, row["messages"], data.train_on, max_length))
+                    encoded.append(
+                        encode_chat(template, row["messages"], data.train_on, max_length, data.train_on_reasoning)
+                    )
                 except TemplateError as exc:  # name the conversation: rows no longer know their line
                     raise TemplateError(f"{exc}; in the conversation starting {row['prompt'][:80]!r}") from None
             return encoded
@@ -145,7 +156,7 @@ class CausalLM:
             prompts, add_bos, stop = [template.prompt(r["messages"]) for r in rows], False, [template.end_of_turn]
         else:
             prompts, add_bos, stop = [spec.data.template.format(prompt=r["prompt"]) for r in rows], True, []
-        return generate_responses(
+        answers = generate_responses(
             model,
             processor,
             prompts,
@@ -157,6 +168,7 @@ class CausalLM:
             stop=stop,
             log=self.log,
         )
+        return [answer_after_reasoning(answer) for answer in answers] if self.chat else answers
 
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
         from transformers import AutoModelForCausalLM
@@ -177,10 +189,19 @@ class CausalLM:
             from entrypoint.training.model import resolve_model_dir
 
             folder = resolve_model_dir(self.spec.model, self.spec.store, self.log or print)
-            template = ChatTemplate(prepare_tokenizer(AutoTokenizer.from_pretrained(folder)), data.chat_template)
+            template = self._chat_template(prepare_tokenizer(AutoTokenizer.from_pretrained(folder)))
         return {
             "decoding": decoding(max_new_tokens, [template.end_of_turn]),
             "format": data.format,
             "chat_template_sha256": template.sha256,
+            "chat_template_kwargs": dict(data.chat_template_kwargs),
             "prompt": "the turns before the last assistant turn, rendered with the generation prompt",
+            "scored": "the answer after any reasoning (a leading <think>...</think> block is not scored)",
         }
+
+
+def answer_after_reasoning(answer: str) -> str:
+    """A generated answer without the reasoning a thinking model writes first (`<think>...</think>`, the
+    opening tag in the answer or already in the generation prompt, as R1 distills have it): what is scored."""
+    _, closed, after = answer.partition("</think>")
+    return after.strip() if closed else answer

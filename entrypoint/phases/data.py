@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from entrypoint.context import PhaseContext
-from entrypoint.data.inspection import smoke_markdown, untrainable_markdown
+from entrypoint.data.inspection import chat_markdown, smoke_markdown, untrainable_markdown
 from entrypoint.data.leak_policy import apply_leak_policy, checked_pairs, refuse_failing
 from entrypoint.data.packing import step_rows, to_device
 from entrypoint.data.parts import DataParts
@@ -90,6 +90,8 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     smoke = smoke_pass(ctx, processor, splits, labels, encoded)
     for name, content in files.items():
         ctx.store.put_bytes(f"phases/data/{name}", content)
+    if "chat_template_sha256" in recipe:
+        markdown += chat_markdown(recipe)
     untrainable = parts.summary.get("untrainable")
     if untrainable is not None:
         inspection["untrainable"] = untrainable

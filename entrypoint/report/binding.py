@@ -7,6 +7,7 @@ machine that will load the adapter.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from entrypoint.store import check_key
@@ -14,7 +15,10 @@ from entrypoint.store.hashing import file_sha256
 from entrypoint.store.objects import CorruptObject, StoredObject, loads_object
 from entrypoint.training.model import hash_base_model
 
-__all__ = ["check_export"]
+__all__ = ["KWARGS_FILE", "TEMPLATE_FILE", "check_export"]
+
+TEMPLATE_FILE = "adapter/chat_template.jinja"  # chat jobs: the template the tokenizer renders with
+KWARGS_FILE = "adapter/chat_template_kwargs.json"  # chat jobs: data.chat_template_kwargs, when any
 
 
 def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
@@ -43,6 +47,7 @@ def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
     for path in sorted((directory / "adapter").rglob("*")):
         if path.is_file() and path.relative_to(directory).as_posix() not in files:
             problems.append(f"{path}: not covered by BINDING.json (added after the export?)")
+    problems += _chat_problems(directory, binding)
     actual = hash_base_model(base)
     if actual.sha256 != expected["sha256"]:
         names = sorted(set(expected["files"]) | set(actual.files))
@@ -52,3 +57,23 @@ def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
             f"files that differ: {', '.join(differ)}"
         )
     return binding, problems
+
+
+def _chat_problems(directory: Path, binding: StoredObject) -> list[str]:
+    """A chat job's export renders as it trained: its template is the one BINDING.json names, and its
+    template arguments are those BINDING.json lists."""
+    problems = []
+    template, kwargs = binding.get("chat_template_sha256"), binding.get("chat_template_kwargs")
+    path = directory / TEMPLATE_FILE
+    if template and (not path.is_file() or file_sha256(path) != template):
+        problems.append(f"{path}: not the chat template trained with (BINDING.json's chat_template_sha256)")
+    path = directory / KWARGS_FILE
+    if kwargs:
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            found = None
+        if found != kwargs:
+            expected = json.dumps(kwargs, sort_keys=True)
+            problems.append(f"{path}: not the chat template arguments trained with ({expected})")
+    return problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -281,3 +282,48 @@ def test_a_row_larger_than_max_length_can_use_is_refused_with_file_and_line(tmp_
     assert f"{data}:8: 2.5 MB in one row; expected at most 1.0 MB, the limit for text rows" in done.stderr
     assert done.stderr.count(f"{data}:") == 1
     assert not (tmp_path / "store/jobs/chat/phases").exists()
+
+
+def test_a_chat_job_with_qwen3s_real_template_without_thinking_renders_and_exports_with_its_arguments(
+    tmp_path, chat_model
+):
+    """Qwen3's real template (tests/chat_templates.py) on the tiny model, with enable_thinking: false: the
+    empty think block is part of every generation prompt, the trained spans start after it, and the export
+    carries the template and its arguments, which check-export verifies."""
+    from tests.chat_templates import template_file
+
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(template_file("qwen3").read_text())
+    data = tmp_path / "orders.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows(40)))
+    kwargs = {"enable_thinking": False}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec(chat_model, data, chat_template=str(template), chat_template_kwargs=kwargs)))
+    done = _rentune("run", str(spec), "--store", f"file://{tmp_path / 'store'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job = tmp_path / "store/jobs/chat"
+    recipe = json.loads((job / "phases/data/result.json").read_text())["recipe"]
+    assert recipe["chat_template_kwargs"] == kwargs and recipe["mask"] == "spans in the rendering"
+    assert recipe["generation_prompt"] == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert "reasoning of earlier answers is left out of the rendering" in " ".join(recipe["notes"])
+    assert "## Chat template" in (job / "phases/data/inspection.md").read_text()
+    inspection = json.loads((job / "phases/data/inspection.json").read_text())
+    for record in inspection["examples"]:  # the answer and its end of turn count, the think block does not
+        counted = "".join(t["piece"] for t in record["tokens"] if t["in_loss"]).replace("Ġ", " ").replace("Ċ", "\n")
+        assert counted.endswith("<|im_end|>") and "think>" not in counted
+        assert record["row"]["response"] in counted
+    eval_config = json.loads((job / "trials/main/eval/eval_config.json").read_text())
+    assert eval_config["chat_template_kwargs"] == kwargs
+    binding = json.loads((job / "export/BINDING.json").read_text())
+    assert binding["chat_template_kwargs"] == kwargs
+    assert json.loads((job / "export/adapter/chat_template_kwargs.json").read_text()) == kwargs
+    assert (job / "export/adapter/chat_template.jinja").read_text() == template.read_text()
+
+    checked = _rentune("check-export", str(job / "export"), "--base", str(chat_model), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    export = tmp_path / "export"
+    shutil.copytree(job / "export", export)
+    (export / "adapter/chat_template_kwargs.json").write_text(json.dumps({"enable_thinking": True}))
+    refused = _rentune("check-export", str(export), "--base", str(chat_model), cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "chat_template_kwargs.json: not the chat template arguments trained with" in refused.stdout + refused.stderr

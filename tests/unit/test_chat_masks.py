@@ -67,16 +67,17 @@ def test_smollm2_renders_its_default_system_prompt_only_without_one(smollm2):
     assert "<|im_end|>" in _counted(ChatTemplate(smollm2), "last_assistant")
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused():
-    """Like templates that drop earlier reasoning once a later turn exists: the rendering of the first turns
-    is no longer a prefix of the whole, so the turns cannot be told apart and nothing is trained."""
+def test_a_template_that_changes_an_earlier_answer_is_refused():
+    """A template that replaces an earlier answer's content (not merely drops its reasoning or moves the
+    system prompt): the content is not in the rendering, so what the model generated there is unknown and
+    nothing is trained."""
     llama3 = build_chat_tokenizer("llama3", ["a b c"] * 10)
     llama3.chat_template = (
         "{% for m in messages %}{% if loop.last or m['role'] != 'assistant' %}{{ m['role'] + ': ' + m['content'] }}"
         "{% else %}{{ 'assistant: (earlier answer)' }}{% endif %}{{ '<|eot_id|>' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
     )
-    with pytest.raises(TemplateError, match="cannot be split into turns"):
+    with pytest.raises(TemplateError, match="turn 2's content is not in the rendering after its header"):
         encode_chat(ChatTemplate(llama3), CONVERSATION, "all_assistant", 1024)
 
 
