@@ -4,8 +4,10 @@ Two jobs on one random-init ~1B-parameter Llama (built from a config: nothing is
 2048 tokens, precision auto (bf16 on the GPU), rentune's data, baseline, probe and train phases: one with
 padded batches, one with `training.packing: true`, on the same data (prompt/response pairs of log-normal
 length, median about 300 tokens). For each it prints the tokens/s (non-padding), the padding share and
-MFU that rentune's own log and trial result carry, and the probe's predicted peak memory against the peak
-of the first 10 real steps.
+MFU that rentune's own log and trial result carry, the probe's predicted peak memory against the peak
+of the first 10 real steps, and the lease plan against what happened: the probe's typical and worst-case
+step, and each phase and the trial as planned right after the probe against the seconds it took
+(entrypoint/job/lease.py, the report's "Lease" section).
 
 `--smoke` runs the same on the CPU with a 2-layer model and 256 tokens, to check the script itself.
 """
@@ -105,6 +107,7 @@ def run_job(tmp: Path, name: str, model: Path, data: Path, shape: dict, steps: i
     train = json.loads((job / "trials/main/result.json").read_text())
     t, plain = train["throughput"], probe["variants"]["plain"]
     return {
+        "plan": _plan_against_actual(tmp / "store", name, probe),
         "packing": packing,
         "precision": train["precision"],
         "attn_implementation": train["attn_implementation"],
@@ -119,6 +122,23 @@ def run_job(tmp: Path, name: str, model: Path, data: Path, shape: dict, steps: i
         "first_10_steps_peak_gib": round(train["memory"]["first_steps_peak_bytes"] / 2**30, 2),
         "actual_over_predicted": round(train["memory"]["actual_over_predicted"], 3),
         "loss_first_last": [train["losses"][0]["loss"], train["losses"][-1]["loss"]] if train["losses"] else None,
+    }
+
+
+def _plan_against_actual(store: Path, name: str, probe: dict) -> dict:
+    """The probe's two step times, and every phase run and the trial as planned after the probe against
+    what each took."""
+    from entrypoint.job.lease import lease_account
+    from entrypoint.job.state import job_store, stored_spec
+    from entrypoint.store import FileStore
+
+    jobs = job_store(FileStore(store), name)
+    account = lease_account(stored_spec(jobs).spec, jobs, time.time())
+    done = [r for r in account["rows"] if r["actual"] is not None]
+    return {
+        "typical_step_s": round(probe["typical_step"]["seconds"], 4),
+        "worst_case_step_s": round(probe["worst_case_step_seconds"], 4),
+        "rows": [{k: r[k] for k in ("name", "planned", "actual", "error")} for r in done],
     }
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,22 @@ class PhaseContext:
     reopen_test: str | None = None  # the user's reason to open an already opened test split again
     clock: Callable[[], float] = time.time  # wall clock for deadlines; tests inject a fake one
     attempt: int = 0  # this process's attempt number (0: a subprocess of one)
+    # What the running phase measured for the plan (`timed`): name -> seconds, summed; the runner stores
+    # them in the phase's result as `timings` and empties them before the next phase.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        """Add the seconds the block takes to `timings[name]` (entrypoint/job/plan.py reads them)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(self.timings.get(name, 0.0) + time.perf_counter() - started, 4)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to `timings[name]`: how many examples, loads or judgements the seconds cover."""
+        self.timings[name] = self.timings.get(name, 0) + n
 
     @functools.cached_property
     def kind(self) -> Kind:

@@ -23,7 +23,7 @@ from pathlib import Path
 from entrypoint.context import PhaseContext
 from entrypoint.errors import Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
-from entrypoint.job.plan import current_plan
+from entrypoint.job.plan import current_plan, store_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
 from entrypoint.store import ObjectExists, Store, StoreError, check_conditional_writes, join_key
@@ -120,10 +120,12 @@ def run_job(
     until: str | None = None,
     reopen_test: str | None = None,
     clock: Callable[[], float] = time.time,
+    startup_seconds: float | None = None,
 ) -> JobOutcome:
     """Run every phase not yet committed, in order, stopping after `until` if given. `reopen_test` is the
-    reason to open a test split another spec already opened (recorded in the report). Raises whatever a
-    phase raises, after recording the attempt."""
+    reason to open a test split another spec already opened (recorded in the report). `startup_seconds`:
+    how long this process took to start (a fresh `rentune run`; the plan predicts the verify phase's fresh
+    process from it). Raises whatever a phase raises, after recording the attempt."""
     if until is not None and until not in PHASE_NAMES:
         raise ValueError(f"--until {until!r}: expected one of {', '.join(PHASE_NAMES)}")
     spec = loaded.spec
@@ -137,7 +139,7 @@ def run_job(
     check_conditional_writes(store, "scratch")
     continued = freeze_spec(store, loaded)  # from here on the stored spec, at this node's locations
     spec = continued.loaded.spec
-    attempt = claim_attempt(store, clock)
+    attempt = claim_attempt(store, clock, startup_seconds)
     log = StoreLog(store, f"attempts/{attempt}/log.txt", log)
     for line in continued.lines():
         log(line)
@@ -220,12 +222,14 @@ def _start_attempt(ctx: PhaseContext, root: Store, attempt: int) -> None:
         if earlier["outcome"] != "completed":
             log(f"rentune: attempt {earlier['attempt']} ended {earlier['outcome']}: {earlier.get('error')}; continuing")
     if store.head(phase_result_key(PHASE_NAMES[-1])) is None:  # a finished job keeps its last plan
-        _store_plan(ctx)
+        store_plan(ctx.spec, store, ctx.clock(), f"attempt {attempt} started", log)
 
 
 def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dict]) -> None:
-    """Run one phase and commit its result last, if absent; re-plan after new measurements."""
+    """Run one phase and commit its result last, if absent, with what it measured for the plan (`timings`);
+    then re-plan from the new measurements."""
     ctx.log(f"{name}: starting")
+    ctx.timings.clear()
     started = time.monotonic()
     try:
         result = phase(ctx)
@@ -235,22 +239,15 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
             raise
         raise full from exc
     result["seconds"] = round(time.monotonic() - started, 3)
+    if ctx.timings:
+        result.setdefault("timings", dict(ctx.timings))
     try:
         ctx.store.put_if_absent(phase_result_key(name), dumps(result))
     except ObjectExists:  # another process (another node, a second queue worker) committed it first
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
-    if name in ("data", "probe"):  # new measurements: training examples, step time
-        _store_plan(ctx)
+    store_plan(ctx.spec, ctx.store, ctx.clock(), f"after {name}", ctx.log)
 
 
 def check_base_model(ctx: PhaseContext) -> None:
     """This node's copy of the base model must be the one the job started with (training/model.py: match_base_model)."""
     match_base_model(ctx.store, ctx.spec, ctx.model_dir, record=True)
-
-
-def _store_plan(ctx: PhaseContext) -> None:
-    plan = current_plan(ctx.spec, ctx.store, ctx.clock())
-    if plan is not None:
-        ctx.store.put_bytes("plan.json", dumps(plan))
-        for problem in plan["problems"]:
-            ctx.log(f"plan: {problem}")

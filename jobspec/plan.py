@@ -5,11 +5,14 @@ recovery margin always fit, and training stops in time whatever its step count s
     | data | baseline | probe | train ........... | evaluate | test | verify | report | export | margin |
                               ^ trials in order ^ training deadline
 
-Slots are named after the runner's phases. Fixed phases get default budgets until they are measured (a
-committed phase counts what it took). The train slot is what is left; each trial needs
-`planned steps x step seconds x TRAIN_OVERHEAD`, with the step time estimated (`rental.step_seconds`,
-default 1 s) until the probe measures it. `make_plan` is re-run at every process start, with the time
-already used, and after the probe, with the measured step.
+Slots are named after the runner's phases. Each is, in order of preference: what it took (a committed
+phase), a prediction from what the job has measured (FIGURES: the probe's typical step, eval-loss pass,
+model load and checkpoint cost, the baseline's prediction time per example, the store's throughput, then
+each finished trial's own figures), or a default budget (`"source": "default"`). The train slot is what is
+left. A trial needs its setup + steps x step + eval-loss passes + checkpoints + its weights' upload + its
+predictions on eval; until those are measured, `planned steps x step seconds x TRAIN_OVERHEAD` with the
+step estimated (`rental.step_seconds`, default 1 s). `make_plan` is re-run at every process start and after
+every phase and trial (entrypoint/job/plan.py), with the time already used.
 Pure Python: `rentune plan` runs anywhere in well under a second.
 """
 
@@ -158,12 +161,41 @@ def power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Figure:
+    """A quantity the job has measured, and where: every slot computed from it names it."""
+
+    value: float
+    source: str
+
+
+# What make_plan reads, by name (entrypoint/job/plan.py collects them from the store). Seconds unless
+# said otherwise; "per example" figures are multiplied by the split's size.
+FIGURES = {
+    "step": "one optimizer step as training runs it (grad_accum microbatches of real lengths)",
+    "eval_loss_pass": "one eval-loss pass over the eval split (the Trainer's, about 5 per trial)",
+    "trial_setup": "a trial's start before its first step (model load, stored tokens, trainer)",
+    "load": "loading the model with its adaptation",
+    "predict": "a trial's prediction per example (generation included)",
+    "baseline_predict": "the baseline's prediction per example, its model's loading included",
+    "judge": "judging one trial against the baseline (bootstrap intervals)",
+    "startup": "a fresh rentune process before its first work (interpreter, imports)",
+    "store_rate": "bytes per second the store takes",
+    "checkpoint_blocked": "what one checkpoint costs the training loop (local save; the commit runs alongside)",
+    "weights_bytes": "bytes of a trial's trained weights (what is fetched, verified and exported)",
+}
+# The report phase writes files only (tables, two plots): no model, no pass over the data, nothing to
+# measure it by before it runs. It took 0.2-0.3 s on the quickstart and the benchmark's chat job.
+REPORT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
 class Slot:
     name: str
     seconds: float
     start: float  # seconds after the lease start
     end: float
-    source: str  # "default", "measured", "left for training", "spec"
+    source: str  # "default", "measured" (it ran), "predicted" (from figures), "left for training", "spec"
+    formula: str = ""  # how a predicted slot was computed, with each figure's value
 
 
 @dataclass(frozen=True)
@@ -172,6 +204,8 @@ class TrialBudget:
     steps: int
     seconds: float
     fits: bool
+    source: str = "estimate"  # "estimate" (a step time guessed), "measured step", "predicted", "done"
+    formula: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +221,8 @@ class PhasePlan:
     train_deadline: float  # seconds after the lease start; training stops here whatever its step count
     problems: list[str] = field(default_factory=list)
     checkpoints: str = ""  # when checkpoints are committed (checkpoint_policy_text)
+    expected_end: float = 0.0  # seconds after the lease start when the job should end, as predicted now
+    figures: dict = field(default_factory=dict)  # name -> {"value", "source"}: what the plan was made from
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -195,16 +231,18 @@ class PhasePlan:
         """The plan as a table a person reads (hours and minutes)."""
         lines = [
             f"lease {self.window} ({_hm(self.lease_seconds)}), {_hm(self.elapsed)} used, step time "
-            f"{self.step_seconds:.3g} s ({self.step_source})",
+            f"{self.step_seconds:.3g} s ({self.step_source}), job expected to end {_hm(self.expected_end)} "
+            "after the lease start",
             f"{'phase':<12} {'budget':>8} {'starts':>8} {'deadline':>9}  source",
         ]
         for slot in self.slots:
             times = f"{_hm(slot.seconds):>8} {_hm(slot.start):>8} {_hm(slot.end):>9}"
-            lines.append(f"{slot.name:<12} {times}  {slot.source}")
+            lines.append(f"{slot.name:<12} {times}  {slot.source}" + (f": {slot.formula}" if slot.formula else ""))
         lines.append("")
-        lines.append(f"{'trial':<20} {'steps':>8} {'needs':>8}  fits")
+        lines.append(f"{'trial':<20} {'steps':>8} {'needs':>8}  fits  from")
         for trial in self.trials:
-            lines.append(f"{trial.id:<20} {trial.steps:>8} {_hm(trial.seconds):>8}  {'yes' if trial.fits else 'NO'}")
+            fits = "yes" if trial.fits else "NO "
+            lines.append(f"{trial.id:<20} {trial.steps:>8} {_hm(trial.seconds):>8}  {fits}   {trial.formula}")
         lines.append(f"training stops by {_hm(self.train_deadline)} after the lease start, whatever its step count")
         if self.checkpoints:
             lines.append(self.checkpoints)
@@ -216,6 +254,104 @@ def _hm(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}"
 
 
+def _s(seconds: float) -> str:
+    """Seconds as a person reads them in a formula: 0.41 s, 6.2 s, 1.2 ms."""
+    return f"{seconds * 1000:.3g} ms" if seconds < 0.1 else f"{seconds:.3g} s"
+
+
+def _sum(parts: list[tuple[str, float]]) -> tuple[float, str]:
+    return sum(v for _, v in parts), " + ".join(text for text, _ in parts)
+
+
+def _trial_need(
+    spec: JobSpec, trial, steps: int, left: int, step: float, figures: dict[str, Figure], n_eval: int | None
+) -> tuple[float, str, str]:
+    """Seconds a trial still needs, its source and how it was computed. From the measured figures when every
+    one is there; else `left steps x step x TRAIN_OVERHEAD` (eval-loss passes, checkpoints, loading)."""
+    main, own = spec.training, trial.training
+    scale = (own.microbatch * own.grad_accum) / (main.microbatch * main.grad_accum)  # per step: linear in batch
+    scaled = f" x {scale:.3g} (batch)" if scale != 1 else ""
+    needed = ("step", "trial_setup", "eval_loss_pass", "predict", "checkpoint_blocked", "weights_bytes", "store_rate")
+    if left <= 0:
+        return 0.0, "done", "trained"
+    if any(name not in figures for name in needed) or n_eval is None:
+        source = "measured step" if "step" in figures else "estimate"
+        text = f"{left} steps x {_s(step)}{scaled} x {TRAIN_OVERHEAD} (eval-loss passes, checkpoints, loading)"
+        return left * step * scale * TRAIN_OVERHEAD, source, text
+    f = {name: figures[name].value for name in needed}
+    loop = left * f["step"] * scale
+    evals = math.ceil(steps / max(1, steps // 4)) * left / steps  # the Trainer's: every steps // 4, and at the end
+    policy = own.checkpoint
+    commits = (left // policy.every_steps if policy.every_steps else 0) + 1  # and one at the end
+    if policy.every_minutes:
+        commit = f["checkpoint_blocked"] + f["weights_bytes"] / f["store_rate"]
+        minutes = (
+            young_daly_minutes(commit, policy.mtbf_hours) if policy.every_minutes == "auto" else policy.every_minutes
+        )
+        commits += int(loop / (minutes * 60))
+    seconds, text = _sum(
+        [
+            (f"setup {_s(f['trial_setup'])}", f["trial_setup"]),
+            (f"{left} steps x {_s(f['step'])}{scaled}", loop),
+            (f"{evals:.3g} eval-loss passes x {_s(f['eval_loss_pass'])}", evals * f["eval_loss_pass"]),
+            (f"{commits} checkpoints x {_s(f['checkpoint_blocked'])}", commits * f["checkpoint_blocked"]),
+            (f"weights {f['weights_bytes'] / 1e6:.3g} MB up", f["weights_bytes"] / f["store_rate"]),
+            (f"{n_eval} eval predictions x {_s(f['predict'])}", n_eval * f["predict"]),
+        ]
+    )  # fmt: skip
+    return seconds, "predicted", text
+
+
+def _after_need(name: str, n_trials: int, figures: dict[str, Figure], counts: dict | None) -> tuple[float, str] | None:
+    """A final phase's predicted seconds and how they were computed, or None while a figure it needs is
+    missing (the phase then keeps its default budget)."""
+    if name == "report":
+        return None
+    f = {k: v.value for k, v in figures.items()}
+    if counts is None or any(k not in f for k in ("load", "predict", "weights_bytes", "store_rate")):
+        return None
+    n_eval, n_test = counts["eval"], counts["test"]
+    fetch = (f"fetch {f['weights_bytes'] / 1e6:.3g} MB", f["weights_bytes"] / f["store_rate"])
+    load = (f"load {_s(f['load'])}", f["load"])
+    judge = [(f"judge {_s(f['judge'])}", f["judge"])] if "judge" in f else []
+    if name == "evaluate":
+        one, text = _sum([fetch, load, (f"{n_eval} x {_s(f['predict'])}", n_eval * f["predict"]), *judge])
+        return n_trials * one, f"{n_trials} trials x ({text})"
+    if name == "test":
+        if "baseline_predict" not in f:
+            return None
+        return _sum(
+            [
+                (f"baseline {n_test} x {_s(f['baseline_predict'])}", n_test * f["baseline_predict"]),
+                fetch,
+                load,
+                (f"{n_test} x {_s(f['predict'])}", n_test * f["predict"]),
+                *judge,
+            ]
+        )
+    if name == "verify":
+        if "startup" not in f:
+            return None
+        start = (f"a fresh process {_s(f['startup'])}", f["startup"])
+        return _sum([start, fetch, load, (f"{n_eval} x {_s(f['predict'])}", n_eval * f["predict"])])
+    if name == "export":
+        return _sum([(f"copy {f['weights_bytes'] / 1e6:.3g} MB twice", 2 * f["weights_bytes"] / f["store_rate"])])
+    return None
+
+
+def _most_steps(spec: JobSpec, trial, steps: int, step: float, figures, n_eval, available: float) -> int:
+    """The most optimizer steps a trial can take in `available` seconds (its need is not linear in steps:
+    setup and the eval-loss passes do not shrink with them)."""
+    lo, hi = 0, steps
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _trial_need(spec, trial, mid, mid, step, figures, n_eval)[0] <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def make_plan(
     spec: JobSpec,
     n_train: int,
@@ -223,29 +359,37 @@ def make_plan(
     window: str | None = None,
     elapsed: float = 0.0,
     measured: dict[str, float] | None = None,
-    step_seconds: float | None = None,
     steps_done: dict[str, int] | None = None,
+    figures: dict[str, Figure] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> PhasePlan:
     """Cut the lease into slots. `elapsed`: lease seconds already used; `measured`: seconds committed phases
-    took; `step_seconds`: the probe's measurement; `steps_done`: optimizer steps each trial has behind it.
+    took; `steps_done`: optimizer steps each trial has behind it; `figures`: what the job has measured so far
+    (FIGURES); `counts`: examples per split (train, eval, test), when known. A slot is predicted from the
+    figures when every one it needs is there, else it keeps its default budget (`"source": "default"`).
     Problems (what does not fit, and what to cut) are listed in `problems`; empty means the spec fits."""
     window = window or spec.rental.window
-    measured, steps_done = measured or {}, steps_done or {}
+    measured, steps_done, figures = measured or {}, steps_done or {}, figures or {}
     lease = float(WINDOW_SECONDS[window])
     margin = float(duration_seconds(spec.rental.margin or DEFAULT_MARGIN[window]))
-    step = step_seconds or spec.rental.step_seconds or DEFAULT_STEP_SECONDS
+    step = figures["step"].value if "step" in figures else spec.rental.step_seconds or DEFAULT_STEP_SECONDS
     trials = resolve_trials(spec)
     world = spec.distribution.nproc_per_node * spec.distribution.nnodes
 
-    def budget(name: str) -> tuple[str, float, str]:
+    def budget(name: str) -> tuple[str, float, str, str]:
         if name in measured:
-            return name, measured[name], "measured"
+            return name, measured[name], "measured", ""
+        predicted = _after_need(name, len(trials), figures, counts) if name in AFTER_TRAINING else None
+        if predicted is not None:
+            return name, predicted[0], "predicted", predicted[1]
+        if name == "report":
+            return name, REPORT_SECONDS, "default", "writes files only"
         per = len(trials) if name == "evaluate" else 1
-        return name, float(DEFAULT_BUDGETS[name] * per), "default"
+        return name, float(DEFAULT_BUDGETS[name] * per), "default", ""
 
     before = [budget(name) for name in BEFORE_TRAINING]
     after = [budget(name) for name in AFTER_TRAINING]
-    before_total, after_total = sum(s for _, s, _ in before), sum(s for _, s, _ in after)
+    before_total, after_total = sum(s for _, s, _, _ in before), sum(s for _, s, _, _ in after)
     train_deadline = lease - margin - after_total  # the reserve at the end is never given to training
     train_start = max(before_total, elapsed)
     available = max(0.0, train_deadline - train_start)
@@ -256,13 +400,15 @@ def make_plan(
             f"rental.window {window}: the fixed phases ({_hm(before_total + after_total)}) and the margin "
             f"({_hm(margin)}) leave no time for training; cut: a smaller rental.margin, or a longer window"
         )
+    n_eval = counts["eval"] if counts else None
     for trial in trials:
         steps = planned_steps(trial.training, n_train, world)
-        seconds = max(0, steps - steps_done.get(trial.id, 0)) * step * TRAIN_OVERHEAD
+        left = max(0, steps - steps_done.get(trial.id, 0))
+        seconds, source, formula = _trial_need(spec, trial, steps, left, step, figures, n_eval)
         needed += seconds
-        budgets.append(TrialBudget(trial.id, steps, seconds, needed <= available))
+        budgets.append(TrialBudget(trial.id, steps, seconds, needed <= available, source, formula))
     if budgets and not budgets[0].fits and not problems:
-        most = int(available / (step * TRAIN_OVERHEAD))
+        most = _most_steps(spec, trials[0], budgets[0].steps, step, figures, n_eval, available)
         problems.append(
             f"trial main needs {_hm(budgets[0].seconds)} of training ({budgets[0].steps} steps x {step:.3g} s) "
             f"but {_hm(available)} fit in the {window} window; cut: training.max_steps <= {most}, fewer epochs, "
@@ -276,17 +422,20 @@ def make_plan(
         )
 
     slots, at = [], 0.0
-    for name, seconds, source in before:
-        slots.append(Slot(name, seconds, at, at + seconds, source))
+    for name, seconds, source, formula in before:
+        slots.append(Slot(name, seconds, at, at + seconds, source, formula))
         at += seconds
     slots.append(Slot("train", available, train_start, train_start + available, "left for training"))
     at = train_deadline
-    for name, seconds, source in after:
-        slots.append(Slot(name, seconds, at, at + seconds, source))
+    for name, seconds, source, formula in after:
+        slots.append(Slot(name, seconds, at, at + seconds, source, formula))
         at += seconds
     slots.append(Slot("margin", margin, at, at + margin, "spec" if spec.rental.margin else "default"))
-    step_source = "measured" if step_seconds else "estimate"
+    # What is still to run, from now: phases not committed, and what the trials still need.
+    to_run = sum(s for name, s, _, _ in (*before, *after) if name not in measured)
+    expected_end = elapsed + to_run + needed
     return PhasePlan(
-        window, lease, margin, step, step_source, elapsed, slots, budgets, train_deadline, problems,
-        checkpoint_policy_text(spec.training.checkpoint),
+        window, lease, margin, step, "measured" if "step" in figures else "estimate", elapsed, slots, budgets,
+        train_deadline, problems, checkpoint_policy_text(spec.training.checkpoint), expected_end,
+        {name: asdict(figure) for name, figure in sorted(figures.items())},
     )  # fmt: skip

@@ -42,7 +42,9 @@ def run(
     """Run SPEC's phases, continuing from what the store already holds."""
     from entrypoint.follower import follow_lead
     from entrypoint.runner import run_job, store_args
-    from entrypoint.training.environment import quiet_libraries
+    from entrypoint.training.environment import process_age, quiet_libraries
+
+    startup = process_age()  # interpreter and imports: what the verify phase's fresh process will take too
 
     with exits():
         quiet_libraries()
@@ -62,7 +64,7 @@ def run(
                 )
             return
         with exits(source=loaded.source):
-            outcome = run_job(loaded, root, workdir, log, until=until, reopen_test=reopen_test)
+            outcome = run_job(loaded, root, workdir, log, until=until, reopen_test=reopen_test, startup_seconds=startup)
         if until is not None and until not in ("report", "export"):
             log(f"\nstopped after {until}, as asked; results under {outcome.store_uri}/phases/")
             return

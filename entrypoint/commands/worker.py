@@ -32,7 +32,9 @@ def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds:
 
     from entrypoint.job.queue import Worker
     from entrypoint.runner import run_job
-    from entrypoint.training.environment import quiet_libraries
+    from entrypoint.training.environment import process_age, quiet_libraries
+
+    startup = process_age()  # a fresh rentune process: what each job's verify phase starts again
     from jobspec.schema import Store as StoreSection
 
     with exits():
@@ -45,7 +47,8 @@ def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds:
         def run_one(loaded, job_log):
             # A queued spec is untrusted: its data is read with this worker's store settings, never with an
             # endpoint the spec names (which would receive this node's credentials).
-            run_job(replace(loaded, spec=loaded.spec.model_copy(update={"store": ours})), root, workdir, job_log)
+            ours_spec = replace(loaded, spec=loaded.spec.model_copy(update={"store": ours}))
+            run_job(ours_spec, root, workdir, job_log, startup_seconds=startup)
 
         claims = Worker(root, run_one, log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
         log(f"worker: {claims.name} watching {root.uri}/queue/")

@@ -23,13 +23,15 @@ def attempt_numbers(store: Store) -> list[int]:
     return sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
 
 
-def claim_attempt(store: Store, clock: Callable[[], float] = time.time) -> int:
+def claim_attempt(store: Store, clock: Callable[[], float] = time.time, startup_seconds: float | None = None) -> int:
     """Claim the next attempt number with a conditional write (`started.json`), so two processes never
-    share one; returns the number claimed."""
+    share one; returns the number claimed. `startup_seconds`: how long this process took to start (the
+    plan's `startup` figure), when it is a fresh `rentune run`."""
     number = max(attempt_numbers(store), default=0) + 1
+    record = {"started_at": clock(), "startup_seconds": startup_seconds}
     while True:
         try:
-            store.put_if_absent(f"attempts/{number}/started.json", dumps({"started_at": clock()}))
+            store.put_if_absent(f"attempts/{number}/started.json", dumps(record))
             return number
         except ObjectExists:
             number += 1

@@ -1,30 +1,117 @@
-"""The lease plan as the store sees it now: jobspec.plan's arithmetic fed with what the job has measured
-(committed phases' seconds, the probe's step time, trials finished). Stored as `plan.json` by the runner;
-read by the train phase (its deadline) and by `rentune status`."""
+"""The lease plan as the store sees it now: jobspec.plan's arithmetic fed with what the job has measured.
+
+    figures (jobspec.plan.FIGURES), later sources replacing earlier ones:
+        attempts/<n>/started.json   startup (a fresh process before its first work)
+        phases/baseline/result.json baseline_predict (and predict, until a trial's is known)
+        phases/probe/result.json    step (typical), eval_loss_pass, load, trial_setup, checkpoint_blocked,
+                                    store_rate, weights_bytes
+        trials/<id>/result.json     each finished trial's own: step, eval_loss_pass, trial_setup, predict,
+                                    checkpoint_blocked, store_rate
+        phases/evaluate, test       load, predict, judge
+    phases/<name>/result.json: the seconds each committed phase took
+
+The runner stores a revision at every process start and after every phase; the train phase after every
+trial. `plan.json` is the newest; `plans/NNNN.json` keeps every one, so the report can set what was
+planned against what happened (entrypoint/job/lease.py). Read by the train phase (its deadline) and by
+`rentune status`.
+"""
 
 from __future__ import annotations
 
-from entrypoint.job.attempts import lease_start
-from entrypoint.job.state import PHASE_NAMES, read_json, read_result
-from entrypoint.store import Store
-from jobspec.plan import count_train_examples, make_plan
+import statistics
+from collections.abc import Callable
+
+from entrypoint.job.attempts import attempt_numbers, lease_start
+from entrypoint.job.state import PHASE_NAMES, dumps, read_json, read_result, trial_result_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store
+from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
+from jobspec.experiments import resolve_trials
+from jobspec.plan import Figure, count_split_examples, make_plan
 from jobspec.schema import JobSpec
 
-__all__ = ["current_plan"]
+__all__ = ["PLANS", "current_plan", "figures_from", "plan_revisions", "store_plan"]
+
+PLANS = "plans"  # every revision (plans/NNNN.json), numbered from 1; plan.json is the newest
+
+
+def _counts(spec: JobSpec, store: Store) -> dict[str, int] | None:
+    """Examples per split: the data phase's, else counted from local files; None while unknown."""
+    data = read_result(store, "data")
+    if data is not None:
+        return {split: sum(data["counts"][split].values()) for split in ("train", "eval", "test")}
+    try:
+        return count_split_examples(spec)
+    except OSError:
+        return None
+
+
+def _per_example(seconds: float | None, examples: int | None) -> float | None:
+    return seconds / examples if seconds is not None and examples else None
+
+
+def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
+    """What the job has measured so far, by name (jobspec.plan.FIGURES), each with where it came from."""
+    figures: dict[str, Figure] = {}
+
+    def put(name: str, value: float | None, source: str) -> None:
+        if value is not None and value > 0:
+            figures[name] = Figure(float(value), source)
+
+    for number in attempt_numbers(store)[-1:]:
+        started = _json(store, f"attempts/{number}/started.json") or {}
+        put("startup", started.get("startup_seconds"), f"attempt {number}: process start to its first work")
+    timings = (read_result(store, "baseline") or {}).get("timings", {})
+    n = timings.get("baseline_examples")
+    per = _per_example(timings.get("baseline"), n)
+    put("baseline_predict", per, f"baseline: {n} eval predictions, loading included")
+    put("predict", per, f"baseline: {n} eval predictions, loading included (until a trial's are timed)")
+    probe = read_result(store, "probe") or {}
+    typical, eval_pass, cost = probe.get("typical_step"), probe.get("eval_loss_pass"), probe.get("checkpoint_cost")
+    if typical:
+        put("step", typical["seconds"], f"probe: median of {len(typical['steps'])} Trainer steps of real lengths")
+    if eval_pass:
+        timed = f"probe: {eval_pass['batches_timed']} of {eval_pass['batches']} batches timed"
+        put("eval_loss_pass", eval_pass["seconds"], timed)
+    put("load", probe.get("load_seconds"), "probe: model load")
+    put("trial_setup", probe.get("trial_setup_seconds"), "probe: model load to the Trainer's loop")
+    if cost:
+        put("checkpoint_blocked", cost["save_seconds"], f"probe: a {cost['bytes'] / 1e6:.3g} MB checkpoint saved")
+        put("store_rate", cost["bytes"] / max(cost["put_seconds"], 1e-6), f"probe: {cost['bytes'] / 1e6:.3g} MB put")
+        put("weights_bytes", cost["weights_bytes"], "probe: trainable parameters x 4 bytes")
+    for trial in resolve_trials(spec):  # a finished trial's own figures, the latest trial's winning
+        timings = (_json(store, trial_result_key(trial.id)) or {}).get("timings") or {}
+        source = f"trial {trial.id}"
+        put("step", timings.get("step"), f"{source}: median of {timings.get('steps_timed')} steps")
+        passes = timings.get("eval_loss_passes") or []
+        put("eval_loss_pass", statistics.mean(passes) if passes else None, f"{source}: {len(passes)} eval-loss passes")
+        put("trial_setup", timings.get("setup"), f"{source}: setup")
+        n = timings.get("predict_examples")
+        put("predict", _per_example(timings.get("predict"), n), f"{source}: {n} eval predictions")
+        put("checkpoint_blocked", timings.get("checkpoint_save"), f"{source}: checkpoints saved")
+        put("store_rate", timings.get("store_rate"), f"{source}: checkpoints committed")
+    for phase in ("evaluate", "test"):
+        timings = (read_result(store, phase) or {}).get("timings", {})
+        if timings.get("predict_examples"):
+            put("load", timings["load"] / timings["loads"], f"{phase}: {timings['loads']} model loads")
+            n = timings["predict_examples"]
+            put("predict", _per_example(timings["predict"], n), f"{phase}: {n} predictions")
+            if timings.get("judged"):
+                put("judge", timings["judge"] / timings["judged"], f"{phase}: {timings['judged']} judged")
+    return figures
+
+
+def _json(store: Store, key: str) -> dict | None:
+    try:
+        return read_json(store, key)
+    except ObjectNotFound:
+        return None
 
 
 def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = None) -> dict | None:
     """The plan from what the store holds now. None before the number of training examples is known (data
     in s3://, data phase not run)."""
-    data = read_result(store, "data")
-    if data is not None:
-        n_train = sum(data["counts"]["train"].values())
-    else:
-        try:
-            n_train = count_train_examples(spec)
-        except OSError:
-            n_train = None
-    if n_train is None:
+    counts = _counts(spec, store)
+    if counts is None:
         return None
     measured = {}
     for name in PHASE_NAMES:
@@ -32,23 +119,56 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
         if result is not None and name != "train":
             measured[name] = result["seconds"]
     probe_result = read_result(store, "probe")
-    step = None
+    n_train = counts["train"]
     if probe_result is not None:
-        step = probe_result["variants"]["plain"]["seconds"] * spec.training.grad_accum
         n_train = probe_result.get("train_rows", n_train)  # with packing, steps draw rows of examples
     steps_done = {}
-    for info in store.list("trials"):
-        if info.key.endswith("/result.json") and info.key.count("/") == 2:
-            record = read_json(store, info.key)
-            steps_done[record["trial_id"]] = 10**12  # finished, whatever its status: nothing left to train
+    for trial in resolve_trials(spec):
+        if store.head(trial_result_key(trial.id)) is not None:
+            steps_done[trial.id] = 10**12  # finished, whatever its status: nothing left to train
+        else:
+            committed = [s for s, names in list_steps(store, checkpoint_prefix(trial.id)).items() if MANIFEST in names]
+            steps_done[trial.id] = max(committed, default=0)
     start = lease_start(spec, store) if start is None else start
     plan = make_plan(
-        spec, n_train, elapsed=max(0.0, now - start), measured=measured, step_seconds=step, steps_done=steps_done
+        spec,
+        n_train,
+        elapsed=max(0.0, now - start),
+        measured=measured,
+        steps_done=steps_done,
+        figures=figures_from(spec, store),
+        counts=counts,
     )
     return {
         **plan.to_dict(),
         "lease_start_at": start,
         "lease_end_at": start + plan.lease_seconds,
         "train_deadline_at": start + plan.train_deadline,
+        "expected_end_at": start + plan.expected_end,
         "planned_at": now,
     }
+
+
+def plan_revisions(store: Store) -> list[dict]:
+    """Every stored revision, oldest first."""
+    keys = sorted(info.key for info in store.list(PLANS) if info.key.endswith(".json"))
+    return [read_json(store, key) for key in keys]
+
+
+def store_plan(spec: JobSpec, store: Store, now: float, reason: str, log: Callable[[str], None]) -> dict | None:
+    """Re-plan from what the store holds now and keep the revision (`reason`: what was just measured)."""
+    plan = current_plan(spec, store, now)
+    if plan is None:
+        return None
+    number = sum(1 for info in store.list(PLANS) if info.key.endswith(".json")) + 1
+    while True:  # numbered once: a revision is never overwritten
+        plan = {**plan, "revision": number, "reason": reason}
+        try:
+            store.put_if_absent(f"{PLANS}/{number:04d}.json", dumps(plan))
+            break
+        except ObjectExists:
+            number += 1
+    store.put_bytes("plan.json", dumps(plan))
+    for problem in plan["problems"]:
+        log(f"plan: {problem}")
+    return plan

@@ -1,7 +1,8 @@
 """`rentune status JOB --store URI`: where a job stands, read from the store alone (works from a laptop).
 
-job, lease (start, end, time left), the plan's problems
+job, lease (start, end, time left; elapsed, predicted end, what is left after it), the plan's problems
 phase table: committed or not, seconds taken vs the plan's budget and deadline
+plan against actual: each phase and trial as planned (entrypoint/job/lease.py), what it took, the error
 trial table: status, steps (or the newest committed checkpoint while training), reason, tracker runs
 attempts: how each process start ended (completed, interrupted, error, or killed: no end record)
 """
@@ -12,6 +13,7 @@ import time
 
 from entrypoint.errors import InvalidInput
 from entrypoint.job.attempts import attempt_numbers
+from entrypoint.job.lease import lease_account, lease_lines
 from entrypoint.job.state import (
     PHASE_NAMES,
     commit_status_key,
@@ -79,6 +81,16 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
             f"lease {plan['window']}: ends in {_hm(plan['lease_end_at'] - now)}; training deadline in "
             f"{_hm(plan['train_deadline_at'] - now)}; step time {plan['step_seconds']:.3g} s ({plan['step_source']})"
         )
+        if "expected_end_at" in plan:  # a plan of an earlier rentune has no prediction of the end
+            finished = read_result(store, PHASE_NAMES[-1]) is not None
+            end = "ended" if finished else "predicted to end"
+            at = _hm(plan["expected_end_at"] - plan["lease_start_at"])
+            lines.append(
+                f"elapsed {_hm(now - plan['lease_start_at'])}; {end} {at} "
+                f"after the lease start (plan revision {plan.get('revision', '-')}, {plan.get('reason', '-')}); "
+                f"{_hm(plan['lease_end_at'] - plan['expected_end_at'])} left before the lease ends, the "
+                f"{_hm(plan['margin_seconds'])} margin included"
+            )
         lines += [f"plan: {problem}" for problem in plan["problems"]]
     budgets = {slot["name"]: slot for slot in plan["slots"]} if plan else {}
     lines += ["", f"{'phase':<10} {'state':<10} {'took':>8} {'budget':>8} {'deadline':>9}"]
@@ -89,6 +101,9 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         budget = _hm(slot["seconds"]) if slot else "-"
         deadline = _hm(plan["lease_start_at"] + slot["end"] - now) if slot and plan else "-"
         lines.append(f"{name:<10} {'committed' if result else 'pending':<10} {took:>8} {budget:>8} {deadline:>9}")
+    account = lease_account(spec, store, now) if plan else None
+    if account:
+        lines += ["", "plan against actual:", *lease_lines(account)]
     baseline = read_result(store, "baseline")
     for m in (baseline or {}).get("power", {}).get("metrics", []):
         if m["decidable"] is False:

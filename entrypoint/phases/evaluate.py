@@ -64,7 +64,9 @@ def run(ctx: PhaseContext) -> dict:
         if baseline is None:  # the eval rows, the same for every trial
             baseline = task.tally(rows, baseline_outputs, ctx.labels)
         tally_of[trial_id], eval_rows = task.tally(rows, outputs, ctx.labels), rows
-        judged = judge(spec, rows, baseline, tally_of[trial_id])
+        with ctx.timed("judge"):
+            judged = judge(spec, rows, baseline, tally_of[trial_id])
+        ctx.count("judged")
         results[trial_id] = {
             "status": summary["status"],
             "reason": summary["reason"],

@@ -10,11 +10,27 @@ microbatch on the real device, before the lease is spent on training.
 then a parameter check on the plain model after two updates: every declared trainable parameter moved,
 every other one is bit-identical. A step that does not fit (OOM) stops the job with the setting that
 would make it fit.
+
+The worst case is right for memory and wrong for time. What the plan needs is measured apart, on a fresh
+model with the trial's own settings (entrypoint/job/plan.py reads it):
+
+    typical_step     the median of 8 optimizer steps after a warm-up one, run by the Trainer as a trial
+                     builds it (build_trainer: optimizer, clipping, scheduler, logging every step, the
+                     resolved precision, grad_accum microbatches) with its data loader drawing, seeded,
+                     from the train split as training sees it (packed rows with packing)
+    eval_loss_pass   4 eval-loss batches drawn (seeded) from the eval split (Trainer.evaluate), x its batches
+    load_seconds     loading the model with its adaptation
+    trial_setup      from the load to the Trainer's loop starting
+    checkpoint_cost  the trainable weights and optimizer state saved locally, then put to the store
 """
 
 from __future__ import annotations
 
 import gc
+import math
+import random
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +42,7 @@ from entrypoint.data.tokens import features_of, full_lengths, token_counts
 from entrypoint.training.memory import OutOfMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 from entrypoint.training.steps import GRAD_RTOL, eval_gradients, max_rel_diff, measured_step, split_batch
+from entrypoint.training.trainer import StepClock, build_trainer
 
 __all__ = ["GRAD_RTOL", "run"]
 
@@ -36,6 +53,12 @@ VARIANTS = (
     ("accumulation", False, True),
     ("combined", True, True),
 )
+
+
+WARMUP_STEPS = 1
+TYPICAL_STEPS = 8  # timed after the warm-up; their median is the plan's step time
+EVAL_BATCHES = 4  # eval-loss batches timed (all of them when fewer); their mean x the split's batches is a pass
+STORE_CHECK_KEY = "phases/probe/store-check.bin"  # put and deleted at once: the store's throughput
 
 
 @dataclass
@@ -123,12 +146,20 @@ def run(ctx: PhaseContext) -> dict:
     if failed:
         raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
 
+    timing = _timing(ctx, processor, labels)
     plain = variants["plain"].record
     estimate = plain.pop("estimate_bytes")
     rows = "packed rows" if spec.training.packing else "examples"
     ctx.log(
         f"probe: step at {m} {rows} x {spec.model.max_length} tokens ({ctx.precision}): {plain['seconds']:.3f} s, "
         f"peak {plain['peak_bytes'] / 2**20:.0f} MiB ({device.type}); checkpointing and accumulation verified"
+    )
+    typical = timing["typical_step"]
+    ctx.log(
+        f"probe: typical step ({typical['microbatches']} x {m} {rows} of real lengths, the Trainer's): "
+        f"{typical['seconds']:.3f} s "
+        f"(median of {len(typical['steps'])}); eval-loss pass {timing['eval_loss_pass']['seconds']:.2f} s; "
+        f"model load {timing['load_seconds']:.2f} s"
     )
     return {
         "device": device.type,
@@ -147,6 +178,89 @@ def run(ctx: PhaseContext) -> dict:
         "predicted_peak_bytes": plain["peak_bytes"],
         "loss_normalization": "per token across the accumulated batch" if kind.task.loss == "token" else "per example",
         "grad_accum_verified_with": k,
+        # For the plan: the step as training will run it (worst-case above is for memory only), and the rest
+        "worst_case_step_seconds": plain["seconds"] * spec.training.grad_accum,
+        **timing,
+    }
+
+
+def _timing(ctx: PhaseContext, processor, labels: list[str]) -> dict:
+    """What the plan needs, measured with the trial's own settings (the module docstring): a fresh model
+    trained for a few steps by the Trainer exactly as a trial builds it, its data loader drawing (seeded)
+    from the train split as training sees it, and evaluated on a few eval batches."""
+    spec, kind, device, precision = ctx.spec, ctx.kind, ctx.device, ctx.precision
+    t = spec.training
+    train, held = ctx.encoded("train", processor, labels), ctx.encoded("eval", processor, labels)
+    features, eval_features = features_of(train), features_of(held)
+    if t.packing:  # as the trial sees them (trial/train.py: _prepare)
+        features = step_rows(spec, features, token_counts(train))
+        eval_features = step_rows(spec, eval_features, token_counts(held))
+    started = time.perf_counter()
+    model, _ = _fresh(ctx, labels)
+    load = time.perf_counter() - started
+    steps = WARMUP_STEPS + TYPICAL_STEPS
+    short = t.model_copy(
+        update={"max_steps": steps, "checkpoint": t.checkpoint.model_copy(update={"every_steps": None})}
+    )
+    clock = StepClock()
+    trainer = build_trainer(
+        model, kind.model.collator(processor), features, short, output_dir=ctx.workdir / "probe" / "trainer",
+        device=device, loss_per=kind.task.loss, callbacks=[clock], precision=precision,
+    )  # fmt: skip
+    trainer.train()
+    gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]  # the first step is the warm-up
+    size = t.eval_batch
+    batches = math.ceil(len(eval_features) / size)
+    rng = random.Random(t.seed)
+    picks = rng.sample(range(batches), min(EVAL_BATCHES, batches))  # the model is warm from the steps
+    eval_times = []
+    for i in picks:  # one batch at a time, as the Trainer's evaluation runs them
+        chunk = list(eval_features[i * size : (i + 1) * size])
+        eval_times.append(trainer.evaluate(eval_dataset=chunk)["eval_runtime"])
+    return {
+        "load_seconds": round(load, 4),
+        "trial_setup_seconds": round(clock.began - started, 4),  # load, the Trainer built, its loop started
+        "typical_step": {
+            "seconds": statistics.median(gaps),
+            "steps": [round(g, 4) for g in gaps],
+            "warmup_steps": WARMUP_STEPS,
+            "microbatches": t.grad_accum,
+            "microbatch": t.microbatch,
+            "drawn": f"the Trainer's seeded ({t.seed}) order over the train split's {len(features)} "
+            + ("packed rows" if t.packing else "examples"),
+            "precision": precision,
+            "activation_checkpointing": t.activation_checkpointing,
+        },
+        "eval_loss_pass": {
+            "seconds": statistics.mean(eval_times) * batches if eval_times else 0.0,
+            "batches": batches,
+            "batches_timed": len(eval_times),
+            "batch": size,
+        },
+        "checkpoint_cost": _checkpoint_cost(ctx, trainer.model, trainer.optimizer),
+    }
+
+
+def _checkpoint_cost(ctx: PhaseContext, model, optimizer) -> dict:
+    """What a checkpoint costs: the trainable weights and optimizer state saved locally (what blocks the
+    training loop) and put to the store (the commit, and the store's throughput), then deleted."""
+    folder = ctx.workdir / "probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "checkpoint.pt"
+    trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    started = time.perf_counter()
+    torch.save({"weights": trainable, "optimizer": optimizer.state_dict()}, path)
+    saved = time.perf_counter()
+    ctx.store.put_file(STORE_CHECK_KEY, path)
+    put = time.perf_counter() - saved
+    size = path.stat().st_size
+    ctx.store.delete(STORE_CHECK_KEY)
+    path.unlink()
+    return {
+        "bytes": size,
+        "save_seconds": round(saved - started, 4),
+        "put_seconds": round(put, 4),
+        "weights_bytes": sum(p.numel() * p.element_size() for p in trainable.values()),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import InvalidInput
+from entrypoint.job.lease import lease_account
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
@@ -35,6 +36,7 @@ def run(ctx: PhaseContext) -> dict:
     }
     committed = {"data": ctx.data_result, "baseline": baseline, "train": train, "evaluate": evaluated, "test": test}
     results = build_results(spec, ctx.spec_sha256, committed, records, configs, environment(), ctx.kind.task)
+    results["lease"] = lease_account(spec, ctx.store, ctx.clock())
     trials = results["trials"]
     Results.model_validate(results)  # the schema we publish is the one we write
 

@@ -35,7 +35,10 @@ def run(ctx: PhaseContext) -> dict:
     )
     ctx.write_json("phases/test/eval_config.json", {**config, "baseline": untouched.method})
     ctx.write_json("phases/test/metrics.json", {"baseline": baseline, selected: report})
-    judged = judge(spec, rows, task.tally(rows, untouched.outputs, ctx.labels), task.tally(rows, outputs, ctx.labels))
+    base, trial = task.tally(rows, untouched.outputs, ctx.labels), task.tally(rows, outputs, ctx.labels)
+    with ctx.timed("judge"):
+        judged = judge(spec, rows, base, trial)
+    ctx.count("judged")
     v = judged["hypothesis"]
     ctx.log(
         f"test: {selected}: {v['metric']} {v['trial']:.3f} vs baseline {v['baseline']:.3f} on {len(rows)} sealed test "

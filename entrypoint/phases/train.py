@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import gc
 import shutil
+import time
 
 import torch
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.launches import announce_launch, end_launch
+from entrypoint.job.plan import store_plan
 from entrypoint.job.state import dumps, rank_result_key, trial_result_key
 from entrypoint.store import ObjectExists, ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, list_steps
@@ -69,6 +71,8 @@ def run(ctx: PhaseContext) -> dict:
                 ctx.store.put_if_absent(key, dumps(record))
             except ObjectExists:  # another process committed this trial meanwhile; theirs stands
                 record = ctx.read_json(key)
+            # The next trials are planned from this one's own figures (and its deadline moves with them)
+            store_plan(ctx.spec, ctx.store, ctx.clock(), f"after trial {trial.id}", ctx.log)
         summary[trial.id] = {k: record.get(k) for k in ("status", "reason", "steps", "budget", "evaluable")}
     return {"trials": summary, "order": [t.id for t in trials]}
 
@@ -114,6 +118,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
         "rationale": trial.rationale,
         "settings": {"adaptation": trial.adaptation.model_dump(), "training": trial.training.model_dump()},
     }
+    started = time.monotonic()
     try:
         outcome = _launch(ctx, trial) if needs_launch(ctx.spec.distribution) else train_trial(ctx, trial)
     except Interrupted:
@@ -129,6 +134,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     record.update(outcome)
+    record["seconds"] = round(time.monotonic() - started, 3)  # in this process: what the plan predicted
     if outcome["status"] != "completed":
         ctx.log(f"train: trial {trial.id} is {outcome['status']}: {outcome['reason']}")
     world = _world(ctx)

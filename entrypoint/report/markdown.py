@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from entrypoint.job.lease import lease_lines
 from entrypoint.report.results import bar_family
 
 __all__ = ["render_markdown", "summary_table"]
@@ -125,6 +126,8 @@ def render_markdown(results: dict) -> str:
     lines += ["", "## What changed", "", *_changed_lines(results, completed)]
     lines += ["", "## Throughput", "", *_throughput_lines(results["trials"])]
     lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
+    if results.get("lease"):
+        lines += ["", "## Lease: planned against actual", "", *_lease_lines(results["lease"])]
     lines += [
         "",
         "## Plots",
@@ -139,6 +142,23 @@ def render_markdown(results: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _lease_lines(lease: dict) -> list[str]:
+    largest = lease["largest_error"]
+    return [
+        "Each phase and trial as the plan predicted it (phases before training: the first plan, from defaults; "
+        "the rest: the plan made right after the probe measured a typical step) against the seconds it took. "
+        "The report and export phases run after this report: `rentune status` shows them.",
+        "",
+        "```",
+        *lease_lines(lease),
+        "```",
+        "",
+        f"Largest error after the probe: {largest['name']} {largest['error']:+.0%}."
+        if largest
+        else "No phase after the probe has finished yet.",
+    ]
 
 
 def _power_lines(power: dict) -> list[str]:

@@ -31,7 +31,8 @@ __all__ = [
     "throughput_summary",
 ]
 
-RESULTS_VERSION = "rentune-results-2"  # 2: verdicts from paired intervals, power, changed examples
+# 2: verdicts from paired intervals, power, changed examples; 3: the lease (plan against actual)
+RESULTS_VERSION = "rentune-results-3"
 
 
 class _Strict(BaseModel):
@@ -173,6 +174,9 @@ class Results(_Strict):
     verdict: dict[Literal["eval", "test"], SplitVerdict]
     test: TestResult
     environment: dict[str, Any]
+    # Plan against actual per phase and trial, and the lease used (entrypoint/job/lease.py); the report and
+    # export phases run after the report, so their actual seconds are in `rentune status`, not here.
+    lease: dict[str, Any] | None = None
     limitations: list[str]
 
 

@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import platform
 import sys
+import time
 import warnings
 
 import torch
@@ -97,3 +98,14 @@ def quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
     # peft still calls transformers' v4 names; the FutureWarning says nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started: interpreter start and imports, before its first work (the plan's
+    `startup` figure). None where the platform does not say."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # no psutil, or no process table (some sandboxes)
+        return None

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ __all__ = [
     "FirstStepsCallback",
     "NonFiniteLoss",
     "ProgressCallback",
+    "StepClock",
     "StoreCheckpointCallback",
     "build_trainer",
     "graceful_sigterm",
@@ -365,6 +367,33 @@ class StoreCheckpointCallback(TrainerCallback):
     def finish(self) -> None:
         """Wait for the commit in flight; called at the end of training, and when training fails."""
         self.committer.wait()
+
+
+class StepClock(TrainerCallback):
+    """When training began, when each optimizer step ended and what each eval-loss pass took, in this
+    process: the trial's own figures for the plan (entrypoint/job/plan.py). A step's time is the interval
+    between two step ends; their median leaves out the steps that also evaluated or saved."""
+
+    def __init__(self, timer: Callable[[], float] = time.perf_counter):
+        self.timer = timer  # tests inject a fake one
+        self.began: float | None = None
+        self.ends: list[float] = []
+        self.eval_seconds: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.began = self.timer()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ends.append(self.timer())
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if metrics and "eval_runtime" in metrics:
+            self.eval_seconds.append(float(metrics["eval_runtime"]))
+
+    def median_step(self) -> float | None:
+        """The median interval between step ends (the first step, from the start of training, left out)."""
+        gaps = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)]
+        return statistics.median(gaps) if gaps else None
 
 
 class FirstStepsCallback(TrainerCallback):

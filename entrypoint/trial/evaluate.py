@@ -26,10 +26,13 @@ def split_config(ctx: PhaseContext, split: str) -> dict:
 
 
 def baseline_outputs(ctx: PhaseContext, rows: Sequence[dict]) -> Baseline:
-    """The untouched model's outputs on `rows`, and how they were obtained."""
+    """The untouched model's outputs on `rows`, and how they were obtained (timed, loading included)."""
     model = ctx.kind.model
-    processor = model.processor(ctx.model_dir)
-    return model.baseline(ctx.model_dir, processor, rows, ctx.labels, ctx.device, lambda: ctx.read_split("train"))
+    with ctx.timed("baseline"):
+        processor = model.processor(ctx.model_dir)
+        found = model.baseline(ctx.model_dir, processor, rows, ctx.labels, ctx.device, lambda: ctx.read_split("train"))
+    ctx.count("baseline_examples", len(rows))
+    return found
 
 
 def trial_adaptation(record: dict) -> Adaptation:
@@ -47,10 +50,14 @@ def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[d
     weights = ctx.workdir / "evaluate" / trial_id
     shutil.rmtree(weights, ignore_errors=True)
     get_tree(ctx.store, f"trials/{trial_id}/final", weights)
-    model = side.load(ctx.model_dir, ctx.labels, trial_adaptation(record), trained=weights)
+    with ctx.timed("load"):  # what the plan predicts the later phases from (entrypoint/job/plan.py)
+        model = side.load(ctx.model_dir, ctx.labels, trial_adaptation(record), trained=weights)
+    ctx.count("loads")
     processor = side.processor(weights)
     rows = ctx.read_split(split)
-    outputs = side.predict(model, processor, rows, ctx.labels, ctx.device)
+    with ctx.timed("predict"):
+        outputs = side.predict(model, processor, rows, ctx.labels, ctx.device)
+    ctx.count("predict_examples", len(rows))
     observed = {
         "device": ctx.device.type,
         "weights_dtype": str(next(model.parameters()).dtype),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from entrypoint.training.trainer import (
     FirstStepsCallback,
     NonFiniteLoss,
     ProgressCallback,
+    StepClock,
     StoreCheckpointCallback,
     build_trainer,
     graceful_sigterm,
@@ -93,10 +96,12 @@ class _Setup:
 
 
 def _train(ctx: PhaseContext, trial: Trial) -> dict:
+    started = time.perf_counter()  # the StepClock's timer
     setup = _prepare(ctx, trial)
     resume, platform_change = _resume_point(ctx, trial, setup)
+    clock = StepClock()
     with graceful_sigterm(setup.spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        trainer, saver, first_steps, meter = _fit(ctx, trial, setup, resume, sigterm)
+        trainer, saver, first_steps, meter = _fit(ctx, trial, setup, resume, sigterm, clock)
     final = setup.out / "final"
     trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
     if not trainer.is_world_process_zero():
@@ -107,7 +112,9 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
 
     # The ranks of a sharded run hold only part of the weights: predict from the saved ones there.
     model = trainer.model if not is_rank() else _reload(ctx, setup, final)
+    predicting = time.perf_counter()
     outputs = ctx.kind.model.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
+    predicted = time.perf_counter() - predicting
     ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
     state = trainer.state
     cut = state.global_step < state.max_steps  # not SIGTERM (raised in _fit): the plan's deadline
@@ -141,6 +148,27 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         "data": setup.data,
         "adaptation": setup.adaptation,
         "weights": keys,
+        "timings": _timings(started, clock, saver.records, predicted, len(setup.eval_rows)),
+    }
+
+
+def _timings(started: float, clock: StepClock, checkpoints: list[dict], predict: float, examples: int) -> dict:
+    """This process's figures for the plan (entrypoint/job/plan.py): its setup before training began, the
+    median step, each eval-loss pass, what a checkpoint cost the loop and the store's rate on the commits,
+    and the predictions on eval at the end."""
+    saves = [r["local_save_s"] for r in checkpoints if r.get("background") and r.get("local_save_s") is not None]
+    committed = [r for r in checkpoints if (r.get("commit_s") or 0) > 0.01 and r.get("bytes")]
+    return {
+        "setup": round(clock.began - started, 4) if clock.began is not None else None,  # the same timer
+        "step": clock.median_step(),
+        "steps_timed": max(0, len(clock.ends) - 1),
+        "eval_loss_passes": [round(s, 4) for s in clock.eval_seconds],
+        # saves that evaluated first (the last) are left out: the eval-loss passes count them
+        "checkpoint_save": statistics.median(saves) if saves else None,
+        "store_rate": sum(r["bytes"] for r in committed) / sum(r["commit_s"] for r in committed) if committed else None,
+        "predict": round(predict, 4),
+        "predict_examples": examples,
+        "seconds": round(clock.timer() - started, 3),
     }
 
 
@@ -244,7 +272,14 @@ def _tracking(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint
     return tracking
 
 
-def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | None, sigterm: graceful_sigterm):
+def _fit(
+    ctx: PhaseContext,
+    trial: Trial,
+    setup: _Setup,
+    resume: Checkpoint | None,
+    sigterm: graceful_sigterm,
+    clock: StepClock,
+):
     """Run the HF Trainer from `resume` to the planned end, the plan's deadline or SIGTERM (raised as
     Interrupted once the checkpoint committed). Returns the trainer and its callbacks."""
     spec = setup.spec
@@ -280,7 +315,7 @@ def _fit(ctx: PhaseContext, trial: Trial, setup: _Setup, resume: Checkpoint | No
             output_dir=setup.out / "trainer",
             device=ctx.device,
             loss_per=ctx.kind.task.loss,
-            callbacks=[meter, progress, saver, first_steps, divergence, *tracking_callbacks],
+            callbacks=[meter, progress, saver, first_steps, divergence, clock, *tracking_callbacks],
             deepspeed=deepspeed_config(spec.distribution, precision)
             if spec.distribution.strategy == "deepspeed"
             else None,

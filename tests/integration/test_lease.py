@@ -103,6 +103,10 @@ def test_status_shows_phases_trials_and_attempts(cut_job):
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert "lease 3d: ends in" in out and "training deadline in" in out
+    # elapsed, when the job ended by the newest plan revision, and what was left before the lease end
+    assert "elapsed " in out and "; ended " in out and "left before the lease ends, the 2h00 margin included" in out
+    table = out.split("plan against actual:\n")[1]
+    assert any(line.startswith("  main ") for line in table.splitlines())  # planned against actual, per trial
     for phase in ("data", "train", "verify", "export"):
         assert any(line.startswith(phase) and "committed" in line for line in out.splitlines()), phase
     assert any(line.startswith("main") and "stopped" in line for line in out.splitlines())

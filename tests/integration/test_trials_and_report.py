@@ -210,6 +210,37 @@ def test_report_is_valid_against_its_schema_with_plots_and_table(job, tmp_path, 
     assert "*" + results["selected"]["trial_id"] in fetched.stdout
 
 
+def test_the_report_sets_the_plan_after_the_probe_against_what_each_phase_and_trial_took(job):
+    _, _, _, store, _ = job
+    results, report = _json(store, "report/results.json"), store.get_bytes("report/report.md").decode()
+    lease = results["lease"]
+    names = [row["name"] for row in lease["rows"]]
+    trials = ["main", "lr-high", "wrong-module", "longer"]
+    assert names == ["data", "baseline", "probe", "train", *trials, "evaluate", "test", "verify", "report", "export"]
+    rows = {row["name"]: row for row in lease["rows"]}
+    for phase in ("data", "baseline", "probe", "train", "evaluate", "test", "verify"):
+        assert rows[phase]["actual"] == _json(store, f"phases/{phase}/result.json")["seconds"]
+    assert rows["report"]["actual"] is None and rows["export"]["actual"] is None  # they run after the report
+    for trial in trials:
+        record = _json(store, f"trials/{trial}/result.json")
+        assert rows[trial]["actual"] == record["seconds"] and rows[trial]["planned_in"].endswith("(after probe)")
+    main = rows["main"]
+    assert main["error"] == pytest.approx((main["planned"] - main["actual"]) / main["actual"])
+    # The probe times the step twice: the worst case for memory, and the typical one the plan uses
+    probe = _json(store, "phases/probe/result.json")
+    assert len(probe["typical_step"]["steps"]) == 8 and probe["worst_case_step_seconds"] > 0
+    step = probe["typical_step"]["seconds"]
+    shown = f"{step * 1000:.3g} ms" if step < 0.1 else f"{step:.3g} s"
+    assert main["source"].startswith("setup ") and f"12 steps x {shown}" in main["source"]
+    # every revision kept, numbered, each saying what was just measured
+    revisions = [_json(store, f"plans/{n:04d}.json") for n in range(1, lease["revisions"] + 1)]
+    reasons = [r["reason"] for r in revisions]
+    assert reasons[0] == "attempt 1 started" and "after probe" in reasons and "after trial main" in reasons
+    assert [r["revision"] for r in revisions] == list(range(1, len(revisions) + 1))
+    assert _json(store, "plan.json")["revision"] >= revisions[-1]["revision"]
+    assert "## Lease: planned against actual" in report and "\n  main " in report and "lease used: " in report
+
+
 def test_export_carries_the_selected_trial(job):
     _, _, _, store, _ = job
     binding = _json(store, "export/BINDING.json")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from entrypoint.cli import main
 from jobspec import parse_spec
-from jobspec.plan import AFTER_TRAINING, DEFAULT_BUDGETS, make_plan
+from jobspec.plan import AFTER_TRAINING, DEFAULT_BUDGETS, Figure, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = yaml.safe_load((ROOT / "jobspec/examples/quickstart.yaml").read_text())
@@ -91,13 +91,72 @@ def test_a_margin_longer_than_the_lease_is_refused():
 def test_replanning_uses_time_used_measured_phases_and_the_probe_step():
     spec = _spec()
     fresh = make_plan(spec, 288)
-    later = make_plan(spec, 288, elapsed=30 * 3600, measured={"data": 5.0, "probe": 7.0}, step_seconds=0.3)
+    step = {"step": Figure(0.3, "probe")}
+    later = make_plan(spec, 288, elapsed=30 * 3600, measured={"data": 5.0, "probe": 7.0}, figures=step)
     assert _slots(later)["data"].seconds == 5.0 and _slots(later)["data"].source == "measured"
+    # only the step is measured: the rest of a trial is the overhead factor, and says so
     assert later.step_source == "measured" and later.trials[0].seconds == pytest.approx(108 * 0.3 * 1.1)
+    assert later.trials[0].source == "measured step" and "x 1.1" in later.trials[0].formula
     assert _slots(later)["train"].start == 30 * 3600  # training can only start now
     assert later.train_deadline == fresh.train_deadline  # the reserve at the end does not move
     done = make_plan(spec, 288, steps_done={"main": 108})
     assert done.trials[0].seconds == 0.0
+
+
+FIGURES = {
+    "step": Figure(0.4, "probe"),
+    "trial_setup": Figure(2.0, "probe"),
+    "eval_loss_pass": Figure(5.0, "probe"),
+    "checkpoint_blocked": Figure(0.05, "probe"),
+    "weights_bytes": Figure(4e6, "probe"),
+    "store_rate": Figure(2e6, "probe"),
+    "predict": Figure(0.01, "baseline"),
+    "baseline_predict": Figure(0.008, "baseline"),
+    "load": Figure(1.5, "probe"),
+    "startup": Figure(6.0, "attempt 1"),
+}
+COUNTS = {"train": 288, "eval": 96, "test": 96}
+
+
+def test_every_part_of_a_trial_and_of_the_final_phases_comes_from_a_measured_figure():
+    spec = _spec(**{"training.checkpoint": {"every_steps": 20, "keep": 2}})
+    plan = make_plan(spec, 288, figures=FIGURES, counts=COUNTS)
+    main = plan.trials[0]
+    # 108 steps; the Trainer evaluates every 27 steps: 4 passes; checkpoints at 20, 40, ..., 100 and the end: 6
+    expected = 2.0 + 108 * 0.4 + 4 * 5.0 + 6 * 0.05 + 4e6 / 2e6 + 96 * 0.01
+    assert main.source == "predicted" and main.seconds == pytest.approx(expected)
+    assert "108 steps x 0.4 s" in main.formula and "4 eval-loss passes x 5 s" in main.formula
+    slots = _slots(plan)
+    fetch_load_predict = 2.0 + 1.5 + 96 * 0.01
+    assert slots["evaluate"].source == "predicted" and slots["evaluate"].seconds == pytest.approx(
+        2 * fetch_load_predict
+    )
+    assert slots["test"].seconds == pytest.approx(96 * 0.008 + fetch_load_predict)
+    assert slots["verify"].seconds == pytest.approx(6.0 + fetch_load_predict)
+    assert slots["export"].seconds == pytest.approx(2 * 2.0)
+    assert slots["report"].source == "default"  # nothing measures it before it runs
+    # a variant with twice the batch per step takes twice as long per step
+    wider = {**GOOD["experiments"][0], "changes": ["training.grad_accum"], "training": {"grad_accum": 2}}
+    wide = make_plan(_spec(**{"experiments": [wider]}), 288, figures=FIGURES, counts=COUNTS)
+    assert "x 2 (batch)" in wide.trials[1].formula
+    # a figure missing: the phase keeps its default, and says so
+    partial = make_plan(spec, 288, figures={k: v for k, v in FIGURES.items() if k != "startup"}, counts=COUNTS)
+    assert (
+        _slots(partial)["verify"].source == "default" and _slots(partial)["verify"].seconds == DEFAULT_BUDGETS["verify"]
+    )
+
+
+def test_the_advice_on_steps_is_exact_when_setup_and_evaluation_do_not_shrink_with_them():
+    spec = _spec(**{"rental.margin": "70h", "experiments": []})
+    figures = {**FIGURES, "step": Figure(100.0, "probe"), "eval_loss_pass": Figure(600.0, "probe")}
+    plan = make_plan(spec, 288, figures=figures, counts=COUNTS, measured={"data": 1, "baseline": 1, "probe": 1})
+    assert plan.problems and "cut: training.max_steps <= " in plan.problems[0]
+    most = int(plan.problems[0].split("training.max_steps <= ")[1].split(",")[0])
+    fits = make_plan(_spec(**{"rental.margin": "70h", "experiments": [], "training.max_steps": most}), 288,
+                     figures=figures, counts=COUNTS, measured={"data": 1, "baseline": 1, "probe": 1})  # fmt: skip
+    over = make_plan(_spec(**{"rental.margin": "70h", "experiments": [], "training.max_steps": most + 1}), 288,
+                     figures=figures, counts=COUNTS, measured={"data": 1, "baseline": 1, "probe": 1})  # fmt: skip
+    assert not fits.problems and over.problems
 
 
 def test_run_refuses_a_job_that_cannot_fit_before_storing_anything(tmp_path):

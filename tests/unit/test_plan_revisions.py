@@ -1,0 +1,165 @@
+"""Re-planning as the job goes, through a real file store, with a fake clock and a fake step timer: every
+revision is kept, the trial after the first is planned from the first's own step time, the training
+deadline keeps the final phases and the margin (a trial cut by it leaves the export safe), and the lease
+account sets what was planned against what happened."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from transformers import TrainerControl
+
+from entrypoint.job.lease import lease_account, lease_lines
+from entrypoint.job.plan import plan_revisions, store_plan
+from entrypoint.job.state import dumps, job_store, read_json
+from entrypoint.store import FileStore
+from entrypoint.training.trainer import StepClock, StoreCheckpointCallback, graceful_sigterm
+from entrypoint.trial.train import _timings
+from jobspec import parse_spec
+from jobspec.schema import CheckpointPolicy
+
+ROOT = Path(__file__).resolve().parents[1].parent
+RAW = yaml.safe_load((ROOT / "jobspec/examples/quickstart.yaml").read_text())
+START = 1_800_000_000.0  # the lease start (rental.started_at), in seconds
+STEPS = 108  # 288 training examples x 6 epochs / 16
+
+
+class FakeTimer:
+    """A monotonic timer that moves only when told to."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _spec():
+    raw = copy.deepcopy(RAW)
+    raw["training"].update({"epochs": 6})
+    raw["data"].update({"source": str(ROOT / "examples/data/tickets.jsonl"), "split": {"eval": 0.2, "test": 0.2}})
+    raw["rental"] = {"window": "3d", "margin": "2h", "started_at": "2027-01-15T08:00:00+00:00"}
+    loaded = parse_spec(yaml.safe_dump(raw), source="spec.yaml")
+    return loaded
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A job whose data, baseline and probe phases have committed what they measure."""
+    loaded = _spec()
+    store = job_store(FileStore(tmp_path / "store"), loaded.spec.job.id)
+    store.put_bytes("spec.yaml", loaded.text.encode())
+    start = loaded.spec.rental.started_at.timestamp()
+    store.put_bytes("attempts/1/started.json", dumps({"started_at": start, "startup_seconds": 6.0}))
+    counts = {"train": {"x": 288}, "eval": {"x": 96}, "test": {"x": 96}}
+    store.put_bytes("phases/data/result.json", dumps({"counts": counts, "seconds": 2.0}))
+    store.put_bytes(
+        "phases/baseline/result.json", dumps({"seconds": 3.0, "timings": {"baseline": 0.96, "baseline_examples": 96}})
+    )
+    probe = {
+        "seconds": 9.0,
+        "train_rows": 288,
+        "load_seconds": 1.5,
+        "trial_setup_seconds": 2.0,
+        "typical_step": {"seconds": 0.4, "steps": [0.41, 0.39, 0.4, 0.42, 0.4]},
+        "eval_loss_pass": {"seconds": 5.0, "batches": 6, "batches_timed": 4},
+        "checkpoint_cost": {"bytes": 4_000_000, "save_seconds": 0.05, "put_seconds": 0.5, "weights_bytes": 1_000_000},
+    }
+    store.put_bytes("phases/probe/result.json", dumps(probe))
+    return loaded.spec, store, start
+
+
+def test_the_trial_after_the_first_is_planned_from_the_first_ones_own_steps(job):
+    spec, store, start = job
+    lines = []
+    first = store_plan(spec, store, start + 14.0, "after probe", lines.append)
+    main, variant = first["trials"]
+    assert main["source"] == variant["source"] == "predicted"
+    assert f"{STEPS} steps x 0.4 s" in main["formula"] and main["formula"].startswith("setup 2 s")
+
+    # Trial main trains, timed by a fake step timer: 3x slower per step than the probe said.
+    timer = FakeTimer(100.0)
+    clock = StepClock(timer)
+    clock.on_train_begin(None, None, None)
+    for step in range(STEPS):
+        timer.now += 1.2
+        clock.on_step_end(None, None, None)
+        if step in (26, 53, 80, 107):
+            clock.on_evaluate(None, None, None, metrics={"eval_runtime": 4.0})
+    saves = [{"background": True, "local_save_s": 0.02, "bytes": 4_000_000, "commit_s": 0.1}] * 5
+    timings = _timings(97.0, clock, saves, predict=1.92, examples=96)
+    assert timings["setup"] == 3.0 and timings["step"] == pytest.approx(1.2) and timings["steps_timed"] == STEPS - 1
+    assert timings["store_rate"] == pytest.approx(4e7) and timings["checkpoint_save"] == 0.02
+    record = {"trial_id": "main", "status": "completed", "timings": timings, "seconds": 150.0}
+    store.put_bytes("trials/main/result.json", dumps(record))
+
+    second = store_plan(spec, store, start + 170.0, "after trial main", lines.append)
+    main, variant = second["trials"]
+    assert main["seconds"] == 0.0 and main["source"] == "done"
+    assert f"{STEPS} steps x 1.2 s" in variant["formula"]  # the first trial's step, not the probe's
+    assert "setup 3 s" in variant["formula"] and "eval-loss passes x 4 s" in variant["formula"]
+    assert second["figures"]["step"]["source"].startswith("trial main")
+    assert variant["seconds"] == pytest.approx(3.0 + STEPS * 1.2 + 4 * 4.0 + 6 * 0.02 + 1e6 / 4e7 + 96 * 0.02)
+    # the store keeps both revisions, numbered; plan.json is the newest
+    assert [r["revision"] for r in plan_revisions(store)] == [1, 2]
+    assert [r["reason"] for r in plan_revisions(store)] == ["after probe", "after trial main"]
+    assert read_json(store, "plan.json") == second
+    assert second["expected_end_at"] == pytest.approx(start + 170.0 + variant["seconds"] + _final(second))
+
+
+def _final(plan: dict) -> float:
+    return sum(s["seconds"] for s in plan["slots"] if s["name"] in ("evaluate", "test", "verify", "report", "export"))
+
+
+def test_a_trial_cut_by_the_deadline_leaves_the_final_phases_and_the_margin(job):
+    spec, store, start = job
+    plan = store_plan(spec, store, start + 14.0, "after probe", lambda line: None)
+    slots = {s["name"]: s for s in plan["slots"]}
+    # the deadline keeps every final phase, as predicted from the figures, and the margin before the lease end
+    assert all(slots[n]["source"] == "predicted" for n in ("evaluate", "test", "verify", "export"))
+    assert plan["train_deadline_at"] + _final(plan) + plan["margin_seconds"] == pytest.approx(plan["lease_end_at"])
+    assert slots["export"]["end"] == pytest.approx(plan["lease_seconds"] - plan["margin_seconds"])
+
+    # Training reads the same deadline: the step past it saves a checkpoint and stops, whatever the count.
+    clock = FakeTimer(plan["train_deadline_at"] - 1.0)
+    saver = StoreCheckpointCallback(
+        None, "p", {}, CheckpointPolicy(), graceful_sigterm(60, print), lambda m: None,
+        deadline=plan["train_deadline_at"], clock=clock,
+    )  # fmt: skip
+    args = SimpleNamespace(output_dir=tempfile.gettempdir())
+    assert not saver.on_step_end(args, SimpleNamespace(global_step=10, max_steps=STEPS), TrainerControl()).should_save
+    clock.now += 2.0
+    control = saver.on_step_end(args, SimpleNamespace(global_step=11, max_steps=STEPS), TrainerControl())
+    assert control.should_save and control.should_training_stop and saver.deadline_hit_at == 11
+    # what is left after the deadline: the final phases as predicted and the whole margin, less the one step
+    # that ran past it
+    overshoot = clock.now - plan["train_deadline_at"]
+    assert plan["lease_end_at"] - clock.now == pytest.approx(_final(plan) + plan["margin_seconds"] - overshoot)
+
+
+def test_the_lease_account_sets_the_plan_after_the_probe_against_what_each_phase_took(job):
+    spec, store, start = job
+    store_plan(spec, store, start, "attempt 1 started", lambda line: None)
+    after_probe = store_plan(spec, store, start + 14.0, "after probe", lambda line: None)
+    planned = after_probe["trials"][0]["seconds"]
+    store.put_bytes(
+        "trials/main/result.json", dumps({"trial_id": "main", "status": "completed", "seconds": planned / 2})
+    )
+    store.put_bytes("phases/report/result.json", dumps({"seconds": 0.3}))
+    account = lease_account(spec, store, start + 100.0)
+    rows = {r["name"]: r for r in account["rows"]}
+    assert rows["main"]["planned"] == pytest.approx(planned, abs=1e-3)
+    assert rows["main"]["error"] == pytest.approx(1.0, abs=1e-4)  # planned twice what it took: +100%
+    assert rows["main"]["planned_in"] == "revision 2 (after probe)"
+    assert rows["data"]["source"] == "measured" and rows["data"]["error"] == 0.0  # committed before the first plan
+    assert rows["report"]["source"].startswith("default") and rows["report"]["error"] is None  # not a prediction
+    assert rows["low-lr"]["actual"] is None and account["total"]["actual"] is None  # not run yet
+    assert account["largest_error"] == {"name": "main", "error": rows["main"]["error"]}
+    assert account["used_seconds"] == 100.0 and account["revisions"] == 2
+    table = "\n".join(lease_lines(account))
+    assert "  main" in table and "+100%" in table and "lease used: 100.0 s of 3d" in table
