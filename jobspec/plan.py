@@ -181,6 +181,7 @@ FIGURES = {
     "startup": "a fresh rentune process before its first work (interpreter, imports)",
     "store_rate": "bytes per second the store takes",
     "checkpoint_blocked": "what one checkpoint costs the training loop (local save; the commit runs alongside)",
+    "checkpoint_bytes": "bytes of one checkpoint (weights and optimizer state): the last one is committed in line",
     "weights_bytes": "bytes of a trial's trained weights (what is fetched, verified and exported)",
 }
 # The report phase writes files only (tables, two plots): no model, no pass over the data, nothing to
@@ -263,15 +264,37 @@ def _sum(parts: list[tuple[str, float]]) -> tuple[float, str]:
     return sum(v for _, v in parts), " + ".join(text for text, _ in parts)
 
 
+def batch_scale(main: Training, own: Training) -> float:
+    """A trial's step against main's: linear in the examples (or packed rows) a step processes. Step figures
+    are kept per main's batch: a finished variant's own step is divided by this before it is stored."""
+    return (own.microbatch * own.grad_accum) / (main.microbatch * main.grad_accum)
+
+
+def _end_of_trial(f: dict[str, float], n_eval: int) -> list[tuple[str, float]]:
+    """What a trial does after its last step, even when the deadline cut it: the final checkpoint committed
+    in line, its weights put to the store, its predictions on eval."""
+    return [
+        (f"last checkpoint {f['checkpoint_bytes'] / 1e6:.3g} MB up", f["checkpoint_bytes"] / f["store_rate"]),
+        (f"weights {f['weights_bytes'] / 1e6:.3g} MB up", f["weights_bytes"] / f["store_rate"]),
+        (f"{n_eval} eval predictions x {_s(f['predict'])}", n_eval * f["predict"]),
+    ]
+
+
+TRIAL_FIGURES = (
+    "step", "trial_setup", "eval_loss_pass", "predict", "checkpoint_blocked", "checkpoint_bytes", "weights_bytes",
+    "store_rate",
+)  # fmt: skip
+
+
 def _trial_need(
     spec: JobSpec, trial, steps: int, left: int, step: float, figures: dict[str, Figure], n_eval: int | None
 ) -> tuple[float, str, str]:
     """Seconds a trial still needs, its source and how it was computed. From the measured figures when every
     one is there; else `left steps x step x TRAIN_OVERHEAD` (eval-loss passes, checkpoints, loading)."""
-    main, own = spec.training, trial.training
-    scale = (own.microbatch * own.grad_accum) / (main.microbatch * main.grad_accum)  # per step: linear in batch
+    scale = batch_scale(spec.training, trial.training)
+    own = trial.training
     scaled = f" x {scale:.3g} (batch)" if scale != 1 else ""
-    needed = ("step", "trial_setup", "eval_loss_pass", "predict", "checkpoint_blocked", "weights_bytes", "store_rate")
+    needed = TRIAL_FIGURES
     if left <= 0:
         return 0.0, "done", "trained"
     if any(name not in figures for name in needed) or n_eval is None:
@@ -282,9 +305,9 @@ def _trial_need(
     loop = left * f["step"] * scale
     evals = math.ceil(steps / max(1, steps // 4)) * left / steps  # the Trainer's: every steps // 4, and at the end
     policy = own.checkpoint
-    commits = (left // policy.every_steps if policy.every_steps else 0) + 1  # and one at the end
+    commits = math.ceil(left / policy.every_steps) if policy.every_steps else 1  # the last one at the end
     if policy.every_minutes:
-        commit = f["checkpoint_blocked"] + f["weights_bytes"] / f["store_rate"]
+        commit = f["checkpoint_blocked"] + f["checkpoint_bytes"] / f["store_rate"]
         minutes = (
             young_daly_minutes(commit, policy.mtbf_hours) if policy.every_minutes == "auto" else policy.every_minutes
         )
@@ -295,8 +318,7 @@ def _trial_need(
             (f"{left} steps x {_s(f['step'])}{scaled}", loop),
             (f"{evals:.3g} eval-loss passes x {_s(f['eval_loss_pass'])}", evals * f["eval_loss_pass"]),
             (f"{commits} checkpoints x {_s(f['checkpoint_blocked'])}", commits * f["checkpoint_blocked"]),
-            (f"weights {f['weights_bytes'] / 1e6:.3g} MB up", f["weights_bytes"] / f["store_rate"]),
-            (f"{n_eval} eval predictions x {_s(f['predict'])}", n_eval * f["predict"]),
+            *_end_of_trial(f, n_eval),
         ]
     )  # fmt: skip
     return seconds, "predicted", text
@@ -340,8 +362,9 @@ def _after_need(name: str, n_trials: int, figures: dict[str, Figure], counts: di
 
 
 def _most_steps(spec: JobSpec, trial, steps: int, step: float, figures, n_eval, available: float) -> int:
-    """The most optimizer steps a trial can take in `available` seconds (its need is not linear in steps:
-    setup and the eval-loss passes do not shrink with them)."""
+    """A number of optimizer steps that fits in `available` seconds, by bisection over the plan's own formula
+    (not linear in steps: setup and the eval-loss passes do not shrink with them; nor quite monotone: the
+    Trainer evaluates 4 or 5 times at most step counts, up to 7 below 12, so a few more steps may fit too)."""
     lo, hi = 0, steps
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -350,6 +373,20 @@ def _most_steps(spec: JobSpec, trial, steps: int, step: float, figures, n_eval, 
         else:
             hi = mid - 1
     return lo
+
+
+def _trial_end(figures: dict[str, Figure], counts: dict | None, trained: bool) -> tuple[float, str]:
+    """What a trial cut by the deadline still does after its last step (_end_of_trial), reserved before the
+    final phases; nothing once training is committed, or while a figure is missing (then the final phases'
+    default budgets are generous enough to hold it)."""
+    if trained:
+        return 0.0, "training committed"
+    needed = ("checkpoint_bytes", "weights_bytes", "store_rate", "predict")
+    if counts is None or any(name not in figures for name in needed):
+        return 0.0, "not measured yet (the final phases' defaults hold it)"
+    f = {name: figures[name].value for name in needed}
+    seconds, text = _sum(_end_of_trial(f, counts["eval"]))
+    return seconds, text
 
 
 def make_plan(
@@ -390,7 +427,10 @@ def make_plan(
     before = [budget(name) for name in BEFORE_TRAINING]
     after = [budget(name) for name in AFTER_TRAINING]
     before_total, after_total = sum(s for _, s, _, _ in before), sum(s for _, s, _, _ in after)
-    train_deadline = lease - margin - after_total  # the reserve at the end is never given to training
+    tail, tail_formula = _trial_end(figures, counts, "train" in measured)
+    # The reserve at the end is never given to training: the final phases, the margin, and what a trial cut
+    # by the deadline still does after its last step.
+    train_deadline = lease - margin - after_total - tail
     train_start = max(before_total, elapsed)
     available = max(0.0, train_deadline - train_start)
 
@@ -426,14 +466,19 @@ def make_plan(
         slots.append(Slot(name, seconds, at, at + seconds, source, formula))
         at += seconds
     slots.append(Slot("train", available, train_start, train_start + available, "left for training"))
-    at = train_deadline
+    end_source = "predicted" if tail_formula.startswith("last") else "none"
+    slots.append(Slot("trial end", tail, train_deadline, train_deadline + tail, end_source, tail_formula))
+    at = train_deadline + tail
     for name, seconds, source, formula in after:
         slots.append(Slot(name, seconds, at, at + seconds, source, formula))
         at += seconds
     slots.append(Slot("margin", margin, at, at + margin, "spec" if spec.rental.margin else "default"))
-    # What is still to run, from now: phases not committed, and what the trials still need.
-    to_run = sum(s for name, s, _, _ in (*before, *after) if name not in measured)
-    expected_end = elapsed + to_run + needed
+    # When the job ends as predicted now: the phases not committed, and what the trials still need, cut at
+    # the deadline (with the cut trial's end) when they need more than is left.
+    start = elapsed + sum(s for name, s, _, _ in before if name not in measured)
+    room = max(0.0, train_deadline - start)
+    trained = needed if needed <= room else room + tail
+    expected_end = start + trained + sum(s for name, s, _, _ in after if name not in measured)
     return PhasePlan(
         window, lease, margin, step, "measured" if "step" in figures else "estimate", elapsed, slots, budgets,
         train_deadline, problems, checkpoint_policy_text(spec.training.checkpoint), expected_end,

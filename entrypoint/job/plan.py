@@ -26,7 +26,7 @@ from entrypoint.job.state import PHASE_NAMES, dumps, read_json, read_result, tri
 from entrypoint.store import ObjectExists, ObjectNotFound, Store
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
 from jobspec.experiments import resolve_trials
-from jobspec.plan import Figure, count_split_examples, make_plan
+from jobspec.plan import Figure, batch_scale, count_split_examples, make_plan
 from jobspec.schema import JobSpec
 
 __all__ = ["PLANS", "current_plan", "figures_from", "plan_revisions", "store_plan"]
@@ -69,6 +69,9 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
     typical, eval_pass, cost = probe.get("typical_step"), probe.get("eval_loss_pass"), probe.get("checkpoint_cost")
     if typical:
         put("step", typical["seconds"], f"probe: median of {len(typical['steps'])} Trainer steps of real lengths")
+    elif probe.get("variants"):  # a probe of an earlier rentune: its worst-case step, the only one it timed
+        worst = probe["variants"]["plain"]["seconds"] * spec.training.grad_accum
+        put("step", worst, "probe: the worst-case step (an earlier rentune timed no typical one)")
     if eval_pass:
         timed = f"probe: {eval_pass['batches_timed']} of {eval_pass['batches']} batches timed"
         put("eval_loss_pass", eval_pass["seconds"], timed)
@@ -76,12 +79,16 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
     put("trial_setup", probe.get("trial_setup_seconds"), "probe: model load to the Trainer's loop")
     if cost:
         put("checkpoint_blocked", cost["save_seconds"], f"probe: a {cost['bytes'] / 1e6:.3g} MB checkpoint saved")
+        put("checkpoint_bytes", cost["bytes"], "probe: trainable weights and optimizer state")
         put("store_rate", cost["bytes"] / max(cost["put_seconds"], 1e-6), f"probe: {cost['bytes'] / 1e6:.3g} MB put")
-        put("weights_bytes", cost["weights_bytes"], "probe: trainable parameters x 4 bytes")
+        put("weights_bytes", cost["weights_bytes"], "probe: the trainable parameters' bytes")
     for trial in resolve_trials(spec):  # a finished trial's own figures, the latest trial's winning
         timings = (_json(store, trial_result_key(trial.id)) or {}).get("timings") or {}
         source = f"trial {trial.id}"
-        put("step", timings.get("step"), f"{source}: median of {timings.get('steps_timed')} steps")
+        scale = batch_scale(spec.training, trial.training)  # step figures are kept per main's batch
+        per_main = timings["step"] / scale if timings.get("step") else None
+        per = f" / {scale:g} (its batch)" if scale != 1 else ""
+        put("step", per_main, f"{source}: median of {timings.get('steps_timed')} steps{per}")
         passes = timings.get("eval_loss_passes") or []
         put("eval_loss_pass", statistics.mean(passes) if passes else None, f"{source}: {len(passes)} eval-loss passes")
         put("trial_setup", timings.get("setup"), f"{source}: setup")
@@ -89,6 +96,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
         put("predict", _per_example(timings.get("predict"), n), f"{source}: {n} eval predictions")
         put("checkpoint_blocked", timings.get("checkpoint_save"), f"{source}: checkpoints saved")
         put("store_rate", timings.get("store_rate"), f"{source}: checkpoints committed")
+        put("checkpoint_bytes", timings.get("checkpoint_bytes"), f"{source}: its last checkpoint")
     for phase in ("evaluate", "test"):
         timings = (read_result(store, phase) or {}).get("timings", {})
         if timings.get("predict_examples"):
@@ -151,8 +159,8 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
 
 def plan_revisions(store: Store) -> list[dict]:
     """Every stored revision, oldest first."""
-    keys = sorted(info.key for info in store.list(PLANS) if info.key.endswith(".json"))
-    return [read_json(store, key) for key in keys]
+    keys = [info.key for info in store.list(PLANS) if info.key.endswith(".json")]
+    return [read_json(store, key) for key in sorted(keys, key=lambda k: int(k.rsplit("/", 1)[-1].split(".")[0]))]
 
 
 def store_plan(spec: JobSpec, store: Store, now: float, reason: str, log: Callable[[str], None]) -> dict | None:

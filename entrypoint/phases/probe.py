@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -146,6 +147,9 @@ def run(ctx: PhaseContext) -> dict:
     if failed:
         raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
 
+    for variant in variants.values():  # checked: their gradients would only crowd the timing run
+        variant.grads = None
+    _free(ctx)
     timing = _timing(ctx, processor, labels)
     plain = variants["plain"].record
     estimate = plain.pop("estimate_bytes")
@@ -154,13 +158,13 @@ def run(ctx: PhaseContext) -> dict:
         f"probe: step at {m} {rows} x {spec.model.max_length} tokens ({ctx.precision}): {plain['seconds']:.3f} s, "
         f"peak {plain['peak_bytes'] / 2**20:.0f} MiB ({device.type}); checkpointing and accumulation verified"
     )
-    typical = timing["typical_step"]
-    ctx.log(
-        f"probe: typical step ({typical['microbatches']} x {m} {rows} of real lengths, the Trainer's): "
-        f"{typical['seconds']:.3f} s "
-        f"(median of {len(typical['steps'])}); eval-loss pass {timing['eval_loss_pass']['seconds']:.2f} s; "
-        f"model load {timing['load_seconds']:.2f} s"
-    )
+    typical = timing.get("typical_step")
+    if typical:
+        ctx.log(
+            f"probe: typical step ({typical['microbatches']} x {m} {rows} of real lengths, the Trainer's): "
+            f"{typical['seconds']:.3f} s (median of {len(typical['steps'])}); eval-loss pass "
+            f"{timing['eval_loss_pass']['seconds']:.2f} s; model load {timing['load_seconds']:.2f} s"
+        )
     return {
         "device": device.type,
         "memory_measure": "allocator peak" if device.type == "cuda" else "process RSS (absolute)",
@@ -179,15 +183,35 @@ def run(ctx: PhaseContext) -> dict:
         "loss_normalization": "per token across the accumulated batch" if kind.task.loss == "token" else "per example",
         "grad_accum_verified_with": k,
         # For the plan: the step as training will run it (worst-case above is for memory only), and the rest
-        "worst_case_step_seconds": plain["seconds"] * spec.training.grad_accum,
+        "worst_case_step_seconds": plain["seconds"] * spec.training.grad_accum,  # what an earlier rentune planned with
         **timing,
     }
 
 
+def _free(ctx: PhaseContext) -> None:
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _timing(ctx: PhaseContext, processor, labels: list[str]) -> dict:
-    """What the plan needs, measured with the trial's own settings (the module docstring): a fresh model
-    trained for a few steps by the Trainer exactly as a trial builds it, its data loader drawing (seeded)
-    from the train split as training sees it, and evaluated on a few eval batches."""
+    """What the plan needs (the module docstring), or nothing when the timing run itself does not fit in
+    memory beside what the probe holds (the plan then falls back on the worst-case step, and says so)."""
+    try:
+        return _timed(ctx, processor, labels)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        ctx.log("probe: the typical step could not be timed (out of memory); the plan uses the worst-case step")
+        return {}
+    finally:
+        shutil.rmtree(ctx.workdir / "probe", ignore_errors=True)  # the Trainer saves at its last step
+        _free(ctx)
+
+
+def _timed(ctx: PhaseContext, processor, labels: list[str]) -> dict:
+    """A fresh model trained for a few steps by the Trainer exactly as a trial builds it, its data loader
+    drawing (seeded) from the train split as training sees it, then evaluated on a few eval batches."""
     spec, kind, device, precision = ctx.spec, ctx.kind, ctx.device, ctx.precision
     t = spec.training
     train, held = ctx.encoded("train", processor, labels), ctx.encoded("eval", processor, labels)
@@ -238,7 +262,7 @@ def _timing(ctx: PhaseContext, processor, labels: list[str]) -> dict:
             "batch": size,
         },
         "checkpoint_cost": _checkpoint_cost(ctx, trainer.model, trainer.optimizer),
-    }
+    }  # the trainer, its model and optimizer go with this frame; _timing frees them
 
 
 def _checkpoint_cost(ctx: PhaseContext, model, optimizer) -> dict:

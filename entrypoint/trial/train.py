@@ -166,6 +166,7 @@ def _timings(started: float, clock: StepClock, checkpoints: list[dict], predict:
         # saves that evaluated first (the last) are left out: the eval-loss passes count them
         "checkpoint_save": statistics.median(saves) if saves else None,
         "store_rate": sum(r["bytes"] for r in committed) / sum(r["commit_s"] for r in committed) if committed else None,
+        "checkpoint_bytes": checkpoints[-1].get("bytes") if checkpoints else None,
         "predict": round(predict, 4),
         "predict_examples": examples,
         "seconds": round(clock.timer() - started, 3),

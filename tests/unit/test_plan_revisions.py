@@ -104,7 +104,10 @@ def test_the_trial_after_the_first_is_planned_from_the_first_ones_own_steps(job)
     assert f"{STEPS} steps x 1.2 s" in variant["formula"]  # the first trial's step, not the probe's
     assert "setup 3 s" in variant["formula"] and "eval-loss passes x 4 s" in variant["formula"]
     assert second["figures"]["step"]["source"].startswith("trial main")
-    assert variant["seconds"] == pytest.approx(3.0 + STEPS * 1.2 + 4 * 4.0 + 6 * 0.02 + 1e6 / 4e7 + 96 * 0.02)
+    # setup, steps, eval-loss passes, 6 checkpoints (every 20 steps, the last at the end), the last one and
+    # the weights up at the trial's measured rate, the eval predictions
+    expected = 3.0 + STEPS * 1.2 + 4 * 4.0 + 6 * 0.02 + 4e6 / 4e7 + 1e6 / 4e7 + 96 * 0.02
+    assert variant["seconds"] == pytest.approx(expected)
     # the store keeps both revisions, numbered; plan.json is the newest
     assert [r["revision"] for r in plan_revisions(store)] == [1, 2]
     assert [r["reason"] for r in plan_revisions(store)] == ["after probe", "after trial main"]
@@ -120,9 +123,13 @@ def test_a_trial_cut_by_the_deadline_leaves_the_final_phases_and_the_margin(job)
     spec, store, start = job
     plan = store_plan(spec, store, start + 14.0, "after probe", lambda line: None)
     slots = {s["name"]: s for s in plan["slots"]}
-    # the deadline keeps every final phase, as predicted from the figures, and the margin before the lease end
-    assert all(slots[n]["source"] == "predicted" for n in ("evaluate", "test", "verify", "export"))
-    assert plan["train_deadline_at"] + _final(plan) + plan["margin_seconds"] == pytest.approx(plan["lease_end_at"])
+    # the deadline keeps every final phase, as predicted from the figures, what a trial cut by it still does
+    # (its last checkpoint and weights up, its eval predictions) and the margin before the lease end
+    assert all(slots[n]["source"] == "predicted" for n in ("trial end", "evaluate", "test", "verify", "export"))
+    tail = slots["trial end"]["seconds"]
+    assert tail == pytest.approx(4e6 / 8e6 + 1e6 / 8e6 + 96 * 0.01)  # the probe's 4 MB put in 0.5 s: 8 MB/s
+    reserve = tail + _final(plan) + plan["margin_seconds"]
+    assert plan["train_deadline_at"] + reserve == pytest.approx(plan["lease_end_at"])
     assert slots["export"]["end"] == pytest.approx(plan["lease_seconds"] - plan["margin_seconds"])
 
     # Training reads the same deadline: the step past it saves a checkpoint and stops, whatever the count.
@@ -136,10 +143,10 @@ def test_a_trial_cut_by_the_deadline_leaves_the_final_phases_and_the_margin(job)
     clock.now += 2.0
     control = saver.on_step_end(args, SimpleNamespace(global_step=11, max_steps=STEPS), TrainerControl())
     assert control.should_save and control.should_training_stop and saver.deadline_hit_at == 11
-    # what is left after the deadline: the final phases as predicted and the whole margin, less the one step
-    # that ran past it
+    # what is left after the deadline: the cut trial's end, the final phases as predicted and the whole
+    # margin, less the one step that ran past it
     overshoot = clock.now - plan["train_deadline_at"]
-    assert plan["lease_end_at"] - clock.now == pytest.approx(_final(plan) + plan["margin_seconds"] - overshoot)
+    assert plan["lease_end_at"] - clock.now == pytest.approx(reserve - overshoot)
 
 
 def test_the_lease_account_sets_the_plan_after_the_probe_against_what_each_phase_took(job):
@@ -163,3 +170,29 @@ def test_the_lease_account_sets_the_plan_after_the_probe_against_what_each_phase
     assert account["used_seconds"] == 100.0 and account["revisions"] == 2
     table = "\n".join(lease_lines(account))
     assert "  main" in table and "+100%" in table and "lease used: 100.0 s of 3d" in table
+
+
+def test_a_variant_with_a_larger_batch_leaves_main_s_step_for_the_trials_after_it(tmp_path):
+    raw = copy.deepcopy(RAW)
+    raw["training"].update({"epochs": 6})
+    raw["data"].update({"source": str(ROOT / "examples/data/tickets.jsonl"), "split": {"eval": 0.2, "test": 0.2}})
+    raw["rental"] = {"window": "3d", "started_at": "2027-01-15T08:00:00+00:00"}
+    raw["experiments"] = [
+        {"id": "wide", "changes": ["training.grad_accum"], "rationale": "r", "training": {"grad_accum": 4}},
+        {"id": "slow", "changes": ["training.learning_rate"], "rationale": "r", "training": {"learning_rate": 1e-4}},
+    ]
+    spec = parse_spec(yaml.safe_dump(raw), source="spec.yaml").spec
+    store = job_store(FileStore(tmp_path / "store"), spec.job.id)
+    counts = {"train": {"x": 288}, "eval": {"x": 96}, "test": {"x": 96}}
+    store.put_bytes("phases/data/result.json", dumps({"counts": counts, "seconds": 2.0}))
+    store.put_bytes(
+        "phases/probe/result.json", dumps({"seconds": 9.0, "typical_step": {"seconds": 0.4, "steps": [0.4]}})
+    )
+    # main and wide have finished; wide's steps took 4x main's: 4x the examples per step
+    for trial, step in (("main", 0.4), ("wide", 1.6)):
+        store.put_bytes(f"trials/{trial}/result.json", dumps({"trial_id": trial, "timings": {"step": step}}))
+    plan = store_plan(spec, store, spec.rental.started_at.timestamp() + 100, "after trial wide", lambda line: None)
+    assert plan["figures"]["step"]["value"] == pytest.approx(0.4)  # per main's batch, not wide's
+    assert "/ 4 (its batch)" in plan["figures"]["step"]["source"]
+    slow = plan["trials"][2]
+    assert slow["seconds"] == pytest.approx(STEPS * 0.4 * 1.1)  # only the step is known: x the overhead
