@@ -245,7 +245,8 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
         ctx.store.put_if_absent(phase_result_key(name), dumps(result))
     except ObjectExists:  # another process (another node, a second queue worker) committed it first
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
-    store_plan(ctx.spec, ctx.store, ctx.clock(), f"after {name}", ctx.log)
+    if name != PHASE_NAMES[-1]:  # the last phase's commit is the job's last write (but the attempt's records)
+        store_plan(ctx.spec, ctx.store, ctx.clock(), f"after {name}", ctx.log)
 
 
 def check_base_model(ctx: PhaseContext) -> None:

@@ -12,7 +12,7 @@ results; shown in the report's "Lease" section, in results.json and by `rentune 
 
 from __future__ import annotations
 
-from entrypoint.job.attempts import lease_start
+from entrypoint.job.attempts import attempt_numbers, lease_start
 from entrypoint.job.plan import plan_revisions
 from entrypoint.job.state import PHASE_NAMES, read_json, read_result, trial_result_key
 from entrypoint.store import ObjectNotFound, Store
@@ -82,14 +82,27 @@ def lease_account(spec: JobSpec, store: Store, now: float) -> dict | None:
         "lease_seconds": first["lease_seconds"],
         "margin_seconds": newest["margin_seconds"],
         "lease_start_at": start,
-        # a finished job: until its last revision (made when the export committed)
-        "used_seconds": (newest["planned_at"] if read_result(store, PHASE_NAMES[-1]) else now) - start,
+        "used_seconds": _ended(store, now) - start,
         "expected_end_at": newest.get("expected_end_at"),
         "revisions": len(revisions),
         "rows": rows,
         "total": total,
         "largest_error": {"name": largest["name"], "error": largest["error"]} if largest else None,
     }
+
+
+def _ended(store: Store, now: float) -> float:
+    """When a finished job's last attempt ended (it ended with the export's commit), else now."""
+    if read_result(store, PHASE_NAMES[-1]) is None:
+        return now
+    for number in attempt_numbers(store)[::-1]:
+        try:
+            ended = read_json(store, f"attempts/{number}/ended.json")
+        except ObjectNotFound:
+            continue
+        if ended.get("outcome") == "completed" and ended.get("ended_at"):
+            return ended["ended_at"]
+    return now
 
 
 def _row(name, kind, planned, source, plan, actual, first_planned) -> dict:
