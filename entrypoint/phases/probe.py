@@ -14,11 +14,13 @@ would make it fit.
 The worst case is right for memory and wrong for time. What the plan needs is measured apart, on a fresh
 model with the trial's own settings (entrypoint/job/plan.py reads it):
 
-    typical_step     the median of 8 optimizer steps after a warm-up one, run by the Trainer as a trial
-                     builds it (build_trainer: optimizer, clipping, scheduler, logging every step, the
-                     resolved precision, grad_accum microbatches) with its data loader drawing, seeded,
-                     from the train split as training sees it (packed rows with packing)
-    eval_loss_pass   4 eval-loss batches drawn (seeded) from the eval split (Trainer.evaluate), x its batches
+    typical_step     the median of 8 to 32 optimizer steps (at least 10 s of them) after a warm-up one,
+                     run by the Trainer as a trial builds it (build_trainer: optimizer, clipping,
+                     scheduler, logging every step, the resolved precision, grad_accum microbatches) with
+                     its data loader drawing, seeded, from the train split as training sees it (packed rows
+                     with packing)
+    eval_loss_pass   4 to 16 eval-loss batches (at least 3 s of them, or all) drawn, seeded, from the eval
+                     split (Trainer.evaluate), their mean x its batches
     load_seconds     loading the model with its adaptation
     trial_setup      from the load to the Trainer's loop starting
     checkpoint_cost  the trainable weights and optimizer state saved locally, then put to the store
@@ -35,6 +37,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import TrainerCallback
 
 from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
@@ -57,8 +60,13 @@ VARIANTS = (
 
 
 WARMUP_STEPS = 1
-TYPICAL_STEPS = 8  # timed after the warm-up; their median is the plan's step time
-EVAL_BATCHES = 4  # eval-loss batches timed (all of them when fewer); their mean x the split's batches is a pass
+# Steps timed after the warm-up, their median the plan's step time: at least 8 and at least 10 s of them
+# (cheap steps are timed in numbers, so that a few slowed by a busy machine, or long batches, do not decide),
+# at most 32.
+TYPICAL_STEPS = (8, 32)
+TYPICAL_SECONDS = 10.0
+EVAL_BATCHES = (4, 16)  # eval-loss batches timed: at least 4 and EVAL_SECONDS of them (or all), at most 16
+EVAL_SECONDS = 3.0
 STORE_CHECK_KEY = "phases/probe/store-check.bin"  # put and deleted at once: the store's throughput
 
 
@@ -188,6 +196,20 @@ def run(ctx: PhaseContext) -> dict:
     }
 
 
+class _Enough(TrainerCallback):
+    """Stops the timing run once TYPICAL_STEPS[0] steps and TYPICAL_SECONDS of them are timed."""
+
+    def __init__(self, clock: StepClock):
+        self.clock = clock
+
+    def on_step_end(self, args, state, control, **kwargs):
+        ends = self.clock.ends  # StepClock comes first in the callbacks: this step's end is in
+        timed = len(ends) - WARMUP_STEPS
+        if timed >= TYPICAL_STEPS[0] and ends[-1] - ends[WARMUP_STEPS - 1] >= TYPICAL_SECONDS:
+            control.should_training_stop = True
+        return control
+
+
 def _free(ctx: PhaseContext) -> None:
     gc.collect()
     if ctx.device.type == "cuda":
@@ -222,25 +244,28 @@ def _timed(ctx: PhaseContext, processor, labels: list[str]) -> dict:
     started = time.perf_counter()
     model, _ = _fresh(ctx, labels)
     load = time.perf_counter() - started
-    steps = WARMUP_STEPS + TYPICAL_STEPS
+    steps = WARMUP_STEPS + TYPICAL_STEPS[1]
     short = t.model_copy(
         update={"max_steps": steps, "checkpoint": t.checkpoint.model_copy(update={"every_steps": None})}
     )
     clock = StepClock()
+    enough = _Enough(clock)
     trainer = build_trainer(
         model, kind.model.collator(processor), features, short, output_dir=ctx.workdir / "probe" / "trainer",
-        device=device, loss_per=kind.task.loss, callbacks=[clock], precision=precision,
+        device=device, loss_per=kind.task.loss, callbacks=[clock, enough], precision=precision,
     )  # fmt: skip
     trainer.train()
     gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]  # the first step is the warm-up
     size = t.eval_batch
     batches = math.ceil(len(eval_features) / size)
     rng = random.Random(t.seed)
-    picks = rng.sample(range(batches), min(EVAL_BATCHES, batches))  # the model is warm from the steps
+    picks = rng.sample(range(batches), min(EVAL_BATCHES[1], batches))  # the model is warm from the steps
     eval_times = []
     for i in picks:  # one batch at a time, as the Trainer's evaluation runs them
         chunk = list(eval_features[i * size : (i + 1) * size])
         eval_times.append(trainer.evaluate(eval_dataset=chunk)["eval_runtime"])
+        if len(eval_times) >= EVAL_BATCHES[0] and sum(eval_times) >= EVAL_SECONDS:
+            break
     return {
         "load_seconds": round(load, 4),
         "trial_setup_seconds": round(clock.began - started, 4),  # load, the Trainer built, its loop started

@@ -228,7 +228,7 @@ def test_the_report_sets_the_plan_after_the_probe_against_what_each_phase_and_tr
     assert main["error"] == pytest.approx((main["planned"] - main["actual"]) / main["actual"])
     # The probe times the step twice: the worst case for memory, and the typical one the plan uses
     probe = _json(store, "phases/probe/result.json")
-    assert len(probe["typical_step"]["steps"]) == 8 and probe["worst_case_step_seconds"] > 0
+    assert 8 <= len(probe["typical_step"]["steps"]) <= 32 and probe["worst_case_step_seconds"] > 0
     step = probe["typical_step"]["seconds"]
     shown = f"{step * 1000:.3g} ms" if step < 0.1 else f"{step:.3g} s"
     assert main["source"].startswith("setup ") and f"12 steps x {shown}" in main["source"]
