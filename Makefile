@@ -57,6 +57,7 @@ demo: $(VENV)/.demo
 demo-llm: $(VENV)/.llm $(SMOLLM2)
 	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/extract-chat.yaml
 	HF_HUB_OFFLINE=1 $(BIN)/rentune run jobspec/examples/extract-chat.yaml --store file://$(CURDIR)/runs
+	HF_HUB_OFFLINE=1 $(BIN)/python examples/check_merged.py runs/jobs/extract-chat
 
 lint: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples

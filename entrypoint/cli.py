@@ -15,6 +15,7 @@ from entrypoint.commands import (
     check_export,
     convert_gguf,
     env,
+    export,
     fetch,
     logs,
     plan,
@@ -47,6 +48,7 @@ for command in (
     status.status,
     logs.logs,
     fetch.fetch,
+    export.export,
     check_export.check_export,
     check_export.verify_export,  # hidden: the old name of check-export
     push_model.push_model,

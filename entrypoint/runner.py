@@ -24,13 +24,15 @@ from entrypoint.context import PhaseContext
 from entrypoint.errors import Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
-from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key
+from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
-from entrypoint.store import ObjectExists, Store, StoreError, check_conditional_writes, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
 from entrypoint.training.disk import disk_full
 from entrypoint.training.environment import environment
 from entrypoint.training.model import match_base_model
+from entrypoint.trial.export import adapter_files, clear_merged, export_merged, finish_export, write_binding
+from jobspec.compare import with_locations
 from jobspec.load import LoadedSpec
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "Underpowered",
     "check_base_model",
     "check_power",
+    "merge_later",
     "run_job",
     "store_args",
 ]
@@ -252,3 +255,43 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
 def check_base_model(ctx: PhaseContext) -> None:
     """This node's copy of the base model must be the one the job started with (training/model.py: match_base_model)."""
     match_base_model(ctx.store, ctx.spec, ctx.model_dir, record=True)
+
+
+def merge_later(
+    root: Store,
+    job_id: str,
+    workdir: Path,
+    log: Callable[[str], None],
+    dtype: str | None = None,
+    model_path: str | None = None,
+    replace: bool = False,
+) -> dict:
+    """`rentune export JOB --merged`: the merged folder of a job that has exported, from the store alone
+    (trial/export.py), then the serving files and BINDING.json rewritten. Refuses (InvalidInput) a job that
+    has not exported and, unless `replace`, one that has a merged folder; ModelMismatch for a base model that
+    does not hash as the one trained on. Returns BINDING.json's `merged` (its parity ok or failed)."""
+    store = job_store(root, job_id)
+    try:
+        binding = read_json(store, "export/BINDING.json")
+        read_json(store, phase_result_key("export"))  # committed: the job has finished
+    except ObjectNotFound:
+        raise InvalidInput(
+            f"job {job_id} has not finished its export in {store.uri}; `rentune run` continues it "
+            f"(`rentune status {job_id}` says where it is)"
+        ) from None
+    done = binding.get("merged") or {}
+    if done.get("parity") in ("ok", "failed") and not replace:
+        raise InvalidInput(
+            f"{store.uri}/export/merged/ exists (parity {done['parity']}, {done['dtype']}); pass --replace to "
+            "write it again"
+        )
+    loaded = stored_spec(store)
+    moved = {"model.path": model_path} if model_path else {}
+    spec = with_locations(loaded.spec, moved)
+    ctx = PhaseContext(spec, loaded.sha256, store, (workdir / job_id).resolve(), log, store_args(root, job_id, moved))
+    match_base_model(store, spec, ctx.model_dir, record=False)  # another base: exit 3, nothing written
+    trial_id = binding["trial_id"]
+    kept = adapter_files(binding["files"])
+    write_binding(ctx, trial_id, kept)  # first no merged folder listed, then none stored, then the new one
+    clear_merged(ctx)
+    return finish_export(ctx, trial_id, kept, export_merged(ctx, trial_id, dtype or spec.export.dtype))["merged"]

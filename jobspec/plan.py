@@ -183,6 +183,7 @@ FIGURES = {
     "checkpoint_blocked": "what one checkpoint costs the training loop (local save; the commit runs alongside)",
     "checkpoint_bytes": "bytes of one checkpoint (weights and optimizer state): the last one is committed in line",
     "weights_bytes": "bytes of a trial's trained weights (what is fetched, verified and exported)",
+    "model_bytes": "bytes of the base model's weights (what a merged export reads, and about what it writes)",
 }
 # The report phase writes files only (tables, two plots): no model, no pass over the data, nothing to
 # measure it by before it runs. It took 0.2-0.3 s on the quickstart and the benchmark's chat job.
@@ -224,6 +225,7 @@ class PhasePlan:
     checkpoints: str = ""  # when checkpoints are committed (checkpoint_policy_text)
     expected_end: float = 0.0  # seconds after the lease start when the job should end, as predicted now
     figures: dict = field(default_factory=dict)  # name -> {"value", "source"}: what the plan was made from
+    merge_seconds: float = 0.0  # the export's merge and parity check (export.merged), within its slot
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -324,9 +326,29 @@ def _trial_need(
     return seconds, "predicted", text
 
 
-def _after_need(name: str, n_trials: int, figures: dict[str, Figure], counts: dict | None) -> tuple[float, str] | None:
+def merge_need(figures: dict[str, Figure], counts: dict | None) -> tuple[float, str] | None:
+    """What a merged export adds to the export (export.merged): reading the base as a load does, putting
+    about as many bytes, and the parity check in a fresh process (the adapter and the merged model each
+    loaded and run on eval). None while a figure it needs is missing."""
+    f = {k: v.value for k, v in figures.items()}
+    if counts is None or any(k not in f for k in ("load", "predict", "model_bytes", "store_rate", "startup")):
+        return None
+    n_eval = counts["eval"]
+    return _sum(
+        [
+            (f"merge: read {_s(f['load'])}", f["load"]),
+            (f"put {f['model_bytes'] / 1e6:.3g} MB", f["model_bytes"] / f["store_rate"]),
+            (f"parity: a fresh process {_s(f['startup'])}", f["startup"]),
+            (f"2 x (load + {n_eval} x {_s(f['predict'])})", 2 * (f["load"] + n_eval * f["predict"])),
+        ]
+    )
+
+
+def _after_need(
+    name: str, n_trials: int, figures: dict[str, Figure], counts: dict | None, merges: bool = False
+) -> tuple[float, str] | None:
     """A final phase's predicted seconds and how they were computed, or None while a figure it needs is
-    missing (the phase then keeps its default budget)."""
+    missing (the phase then keeps its default budget). `merges`: the export also merges (export.merged)."""
     if name == "report":
         return None
     f = {k: v.value for k, v in figures.items()}
@@ -357,7 +379,11 @@ def _after_need(name: str, n_trials: int, figures: dict[str, Figure], counts: di
         start = (f"a fresh process {_s(f['startup'])}", f["startup"])
         return _sum([start, fetch, load, (f"{n_eval} x {_s(f['predict'])}", n_eval * f["predict"])])
     if name == "export":
-        return _sum([(f"copy {f['weights_bytes'] / 1e6:.3g} MB twice", 2 * f["weights_bytes"] / f["store_rate"])])
+        copy = (f"copy {f['weights_bytes'] / 1e6:.3g} MB twice", 2 * f["weights_bytes"] / f["store_rate"])
+        merge = merge_need(figures, counts) if merges else None
+        if merges and merge is None:
+            return None
+        return _sum([copy, (merge[1], merge[0])] if merge else [copy])
     return None
 
 
@@ -416,7 +442,7 @@ def make_plan(
     def budget(name: str) -> tuple[str, float, str, str]:
         if name in measured:
             return name, measured[name], "measured", ""
-        predicted = _after_need(name, len(trials), figures, counts) if name in AFTER_TRAINING else None
+        predicted = _after_need(name, len(trials), figures, counts, spec.merges) if name in AFTER_TRAINING else None
         if predicted is not None:
             return name, predicted[0], "predicted", predicted[1]
         if name == "report":
@@ -479,8 +505,9 @@ def make_plan(
     room = max(0.0, train_deadline - start)
     trained = needed if needed <= room else room + tail
     expected_end = start + trained + sum(s for name, s, _, _ in after if name not in measured)
+    merge = merge_need(figures, counts) if spec.merges else None
     return PhasePlan(
         window, lease, margin, step, "measured" if "step" in figures else "estimate", elapsed, slots, budgets,
         train_deadline, problems, checkpoint_policy_text(spec.training.checkpoint), expected_end,
-        {name: asdict(figure) for name, figure in sorted(figures.items())},
+        {name: asdict(figure) for name, figure in sorted(figures.items())}, merge[0] if merge else 0.0,
     )  # fmt: skip

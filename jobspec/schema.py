@@ -568,6 +568,27 @@ class Rental(_Section):
         return self
 
 
+class Export(_Section):
+    """What the export hands over besides the adapter (docs/serving.md)."""
+
+    merged: bool | None = Field(
+        None,
+        description="Also write export/merged/: the adapter merged into the base (in fp32, then cast to "
+        "`dtype`), with every serving file, checked against the adapter on eval in a fresh process. "
+        "Default: true for LoRA on causal LMs (format, extraction), false for classifiers and full fine-tunes.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The merged weights' dtype; auto: the base model's own (config.json dtype)."
+    )
+    parity_tolerance: float = Field(
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="The merged model passes when its primary metric on eval is within this of the adapter's "
+        "(classifiers also need equal predictions on at least 99% of eval examples).",
+    )
+
+
 class Store(_Section):
     uri: PathStr = Field(
         "file://./runs",
@@ -663,6 +684,20 @@ class JobSpec(_Section):
     store: Store = Field(default_factory=Store)
     tracking: Tracking = Field(default_factory=Tracking)
     evaluation: Evaluation = Field(default_factory=Evaluation)
+    export: Export = Field(default_factory=Export)
     experiments: list[Experiment] = Field(
         default_factory=list, max_length=100, description="Variants trained after `main`, each against a reference."
     )
+
+    @property
+    def generates(self) -> bool:
+        """A causal LM job (format and extraction tasks on text): it generates its answers."""
+        return self.data.modality == "text" and self.hypothesis.task in ("format", "extraction")
+
+    @property
+    def merges(self) -> bool:
+        """Whether the export writes export/merged/ (export.merged; by default for LoRA on causal LMs: a
+        full fine-tune's adapter/ already holds the whole model)."""
+        if self.export.merged is not None:
+            return self.export.merged
+        return self.generates and self.adaptation.method == "lora"

@@ -19,21 +19,33 @@ from entrypoint.commands.exits import Refused, exits
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="The base model folder you intend to load the adapter onto.",
 )
-def check_export(directory: Path, base: Path) -> None:
-    """Check that DIRECTORY (an export: BINDING.json, adapter/, spec and report) is intact and belongs to
-    the base model in BASE.
+@click.option(
+    "--allow-parity-failure",
+    is_flag=True,
+    help="Accept a merged folder that failed its parity check against the adapter (BINDING.json: merged).",
+)
+def check_export(directory: Path, base: Path, allow_parity_failure: bool) -> None:
+    """Check that DIRECTORY (an export: BINDING.json, adapter/, merged/, spec and report) is intact and
+    belongs to the base model in BASE.
 
-    Exit 0 when every file matches its sha256 in BINDING.json and the base model's sha256 matches; exit 2
-    naming what differs otherwise. Load an adapter only onto a base model this command accepts."""
+    Exit 0 when every file matches its sha256 in BINDING.json, the base model's sha256 matches and the
+    merged folder (if any) passed its parity check; exit 2 naming what differs otherwise. Load an adapter
+    only onto a base model this command accepts."""
     from entrypoint.report.binding import check_export as check
 
     with exits():
-        binding, problems = check(directory, base)
+        binding, problems = check(directory, base, allow_parity_failure)
         if problems:
             raise Refused(*(f"rentune: refused: {line}" for line in problems))
+        merged = binding.get("merged") or {}
+        if merged.get("parity") in ("ok", "failed"):
+            there = (directory / "merged").is_dir()
+            state = f"merged/ parity {merged['parity']}" + ("" if there else " (merged/ not here: its files unchecked)")
+        else:
+            state = "no merged folder"
         click.echo(
             f"OK {directory}: {len(binding['files'])} files intact; trial {binding['trial_id']} of job "
-            f"{binding['job_id']} belongs to {base} (sha256 {binding['base_model']['sha256'][:16]}...)"
+            f"{binding['job_id']} belongs to {base} (sha256 {binding['base_model']['sha256'][:16]}...); {state}"
         )
 
 

@@ -25,13 +25,14 @@ from entrypoint.report.markdown import summary_table
     help="Local folder (default: ./<JOB_ID>).",
 )
 @click.option("--with-adapter", is_flag=True, help="Also download export/adapter (the trained weights).")
-def fetch(job_id: str, store: StoreFlags, dest: Path | None, with_adapter: bool) -> None:
+@click.option("--with-merged", is_flag=True, help="Also download export/merged (the merged model: the base's size).")
+def fetch(job_id: str, store: StoreFlags, dest: Path | None, with_adapter: bool, with_merged: bool) -> None:
     """Download JOB_ID's report (results.json, report.md, plots), export metadata and TensorBoard event
     files (DEST/tensorboard/<trial>/, one run per trial: `tensorboard --logdir DEST/tensorboard`) to a local
     folder. Event files come while the job still trains."""
     dest = dest or Path(job_id)
     with exits():
-        fetched = fetch_job(job_store(store.open(), job_id), dest, with_adapter=with_adapter)
+        fetched = fetch_job(job_store(store.open(), job_id), dest, with_adapter=with_adapter, with_merged=with_merged)
         report = f" (report: {dest / 'report/report.md'})" if fetched.report else ""
         click.echo(f"fetched {fetched.files} files to {dest}/{report}")
         if fetched.tensorboard:

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["centroid_labels", "predict_image_labels", "predict_labels", "zero_shot_labels"]
+__all__ = [
+    "centroid_labels",
+    "image_logits",
+    "label_logits",
+    "predict_image_labels",
+    "predict_labels",
+    "zero_shot_labels",
+]
 
 
 def _batches(tokenizer, texts: Sequence[str], max_length: int, batch: int, device):
@@ -27,12 +34,16 @@ def predict_labels(
     model, tokenizer, texts: Sequence[str], labels: Sequence[str], max_length: int, batch: int, device
 ) -> list[str]:
     """Argmax label for each text, in order. Puts `model` in eval mode."""
+    return [labels[i] for i in label_logits(model, tokenizer, texts, max_length, batch, device).argmax(dim=-1).tolist()]
+
+
+@torch.no_grad()
+def label_logits(model, tokenizer, texts: Sequence[str], max_length: int, batch: int, device) -> torch.Tensor:
+    """The classifier's logits for each text (float32, on the CPU), in order. Puts `model` in eval mode."""
     model.eval().to(device)
-    predicted: list[str] = []
-    for inputs in _batches(tokenizer, texts, max_length, batch, device):
-        logits = model(**inputs).logits
-        predicted += [labels[i] for i in logits.argmax(dim=-1).tolist()]
-    return predicted
+    return torch.cat(
+        [model(**inputs).logits.float().cpu() for inputs in _batches(tokenizer, texts, max_length, batch, device)]
+    )
 
 
 @torch.no_grad()
@@ -76,12 +87,19 @@ def predict_image_labels(
     model, processor, paths: Sequence[str], labels: Sequence[str], modes: Sequence[str], batch: int, device
 ) -> list[str]:
     """Argmax label for each image file, in order, through the base model's image processor."""
+    return [labels[i] for i in image_logits(model, processor, paths, modes, batch, device).argmax(dim=-1).tolist()]
+
+
+@torch.no_grad()
+def image_logits(model, processor, paths: Sequence[str], modes: Sequence[str], batch: int, device) -> torch.Tensor:
+    """The classifier's logits for each image file (float32, on the CPU), in order."""
     model.eval().to(device)
-    predicted: list[str] = []
-    for start in range(0, len(paths), batch):
-        logits = model(pixel_values=_pixels(processor, paths[start : start + batch], modes, device)).logits
-        predicted += [labels[i] for i in logits.argmax(dim=-1).tolist()]
-    return predicted
+    return torch.cat(
+        [
+            model(pixel_values=_pixels(processor, paths[start : start + batch], modes, device)).logits.float().cpu()
+            for start in range(0, len(paths), batch)
+        ]
+    )
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["decoding", "generate_responses"]
+__all__ = ["decoding", "first_token_logits", "generate_responses"]
 
 
 def decoding(max_new_tokens: int, stop: Sequence[str] = ()) -> dict:
@@ -72,3 +72,24 @@ def generate_responses(
         rate = new_tokens / took if took > 0 else 0.0
         log(f"generation: {len(prompts)} answers, {new_tokens} new tokens in {took:.1f} s ({rate:.1f} tokens/s)")
     return outputs
+
+
+@torch.no_grad()
+def first_token_logits(
+    model, tokenizer, prompts: Sequence[str], max_length: int, max_new_tokens: int, batch: int, device, add_bos: bool
+) -> torch.Tensor:
+    """The logits of the first generated token of each prompt (float32, on the CPU): what greedy decoding
+    picks its first token from, with the prompts built and left-padded as generate_responses builds them."""
+    model.eval().to(device)
+    room = max(1, max_length - max_new_tokens)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = []
+    for start in range(0, len(prompts), batch):
+        encoded = [_prompt_ids(tokenizer, p, add_bos, room) for p in prompts[start : start + batch]]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # as generate() derives them for left padding
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
+        out.append(logits[:, -1].float().cpu())
+    return torch.cat(out)

@@ -29,7 +29,7 @@ class Fetched:
     tensorboard: bool  # event files among them
 
 
-def fetch_job(store: Store, dest: Path, with_adapter: bool = False) -> Fetched:
+def fetch_job(store: Store, dest: Path, with_adapter: bool = False, with_merged: bool = False) -> Fetched:
     """Copy the job's files from `store` (the job's own prefix, `job_store(root, job_id)`) under `dest`.
     Raises InvalidInput when there is nothing to fetch yet, InvalidKey (naming it) for a stored name that is
     not a safe key; then nothing is written."""
@@ -43,6 +43,7 @@ def fetch_job(store: Store, dest: Path, with_adapter: bool = False) -> Fetched:
             "(the other files are intact in the store)"
         ) from None
     keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
+    keys = [k for k in keys if with_merged or not k.startswith("export/merged/")]  # the whole model: on demand
     if not keys and not events:
         raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
     targets = {key: dest / key for key in keys}

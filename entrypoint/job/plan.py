@@ -4,7 +4,7 @@
         attempts/<n>/started.json   startup (a fresh process before its first work)
         phases/baseline/result.json baseline_predict (and predict, until a trial's is known)
         phases/probe/result.json    step (typical), eval_loss_pass, load, trial_setup, checkpoint_blocked,
-                                    store_rate, weights_bytes
+                                    store_rate, weights_bytes, model_bytes
         trials/<id>/result.json     each finished trial's own: step, eval_loss_pass, trial_setup, predict,
                                     checkpoint_blocked, store_rate
         phases/evaluate, test       load, predict, judge
@@ -77,6 +77,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
         put("eval_loss_pass", eval_pass["seconds"], timed)
     put("load", probe.get("load_seconds"), "probe: model load")
     put("trial_setup", probe.get("trial_setup_seconds"), "probe: model load to the Trainer's loop")
+    put("model_bytes", probe.get("model_bytes"), "probe: the base model's weight files")
     if cost:
         put("checkpoint_blocked", cost["save_seconds"], f"probe: a {cost['bytes'] / 1e6:.3g} MB checkpoint saved")
         put("checkpoint_bytes", cost["bytes"], "probe: trainable weights and optimizer state")

@@ -24,10 +24,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from entrypoint.data.encoding import Encoded
-from entrypoint.kinds.base import Baseline, DataSide, Kind, ModelSide, TaskSide
+from entrypoint.kinds.base import Baseline, DataSide, Kind, ModelSide, Serving, TaskSide
 from jobspec.schema import JobSpec
 
-__all__ = ["Baseline", "DataSide", "Kind", "ModelSide", "TaskSide", "encoder_for", "kind_for"]
+__all__ = ["Baseline", "DataSide", "Kind", "ModelSide", "Serving", "TaskSide", "encoder_for", "kind_for"]
+
+AGREEMENT = 0.99  # a merged classifier answers as its adapter on at least this share of eval (docs/serving.md)
 
 
 def kind_for(spec: JobSpec, log: Callable[[str], None] | None = None) -> Kind:
@@ -44,18 +46,25 @@ def kind_for(spec: JobSpec, log: Callable[[str], None] | None = None) -> Kind:
         from entrypoint.kinds.images import ImageData
 
         model = ImageClassifier(spec)
-        return Kind("image_classifier", ImageData(spec, model), model, task, stores_tokens=False)
+        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT)
+        return Kind("image_classifier", ImageData(spec, model), model, task, stores_tokens=False, serving=serving)
     from entrypoint.kinds.text import TextData
 
-    if spec.hypothesis.task in ("format", "extraction"):
+    if spec.generates:  # format and extraction tasks on text
         from entrypoint.kinds.causal_lm import CausalLM
 
         model = CausalLM(spec, log)
-        return Kind("causal_lm", TextData(spec, model.fields(), model), model, task, stores_tokens=True)
+        serving = Serving(model.scores, stop_tokens=model.stop_tokens, agreement=None)
+        return Kind(
+            "causal_lm", TextData(spec, model.fields(), model), model, task, stores_tokens=True, serving=serving
+        )
     from entrypoint.kinds.text_classifier import TextClassifier
 
     model = TextClassifier(spec)
-    return Kind("text_classifier", TextData(spec, model.fields(), model), model, task, stores_tokens=True)
+    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT)
+    return Kind(
+        "text_classifier", TextData(spec, model.fields(), model), model, task, stores_tokens=True, serving=serving
+    )
 
 
 def encoder_for(spec: JobSpec, model_dir: str, labels: list[str]) -> Callable[[Sequence[dict]], list[Encoded]]:

@@ -14,7 +14,7 @@ from entrypoint.data.parts import DataParts, Leaks
 from entrypoint.evaluation.tally import Tally
 from jobspec.schema import Adaptation
 
-__all__ = ["Baseline", "DataSide", "Kind", "ModelSide", "TaskSide"]
+__all__ = ["Baseline", "DataSide", "Kind", "ModelSide", "Serving", "TaskSide"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,21 @@ class TaskSide(Protocol):
 
 
 @dataclass(frozen=True)
+class Serving:
+    """How an export of this kind is served and checked against its adapter (trial/export.py, trial/parity.py)."""
+
+    # (model, processor, rows, labels, device) -> the logits each row's answer is read from, one row each
+    # (float32, CPU): a classifier's, or the first generated token's. The parity check compares them.
+    scores: Callable[..., Any]
+    # A generative model's stop tokens besides eos (processor -> the chat template's end of turn), which the
+    # merged folder's generation_config.json and the Ollama Modelfile stop at; None: not generative.
+    stop_tokens: Callable[[Any], list[str]] | None
+    # The share of eval predictions the merged model must answer as the adapter does (classifiers), or None
+    # (generated answers: their metric alone decides).
+    agreement: float | None
+
+
+@dataclass(frozen=True)
 class Kind:
     """One job's three sides. `stores_tokens`: the data phase stores the encoded splits (data/tokens.py)
     that later phases memory-map; otherwise (pixels) each phase encodes the rows it reads."""
@@ -113,3 +128,4 @@ class Kind:
     model: ModelSide
     task: TaskSide
     stores_tokens: bool
+    serving: Serving

@@ -151,11 +151,7 @@ class CausalLM:
         from entrypoint.evaluation.generate import generate_responses
 
         spec = self.spec
-        if self.chat:
-            template = self.template(processor)
-            prompts, add_bos, stop = [template.prompt(r["messages"]) for r in rows], False, [template.end_of_turn]
-        else:
-            prompts, add_bos, stop = [spec.data.template.format(prompt=r["prompt"]) for r in rows], True, []
+        prompts, add_bos = self._prompts(processor, rows)
         answers = generate_responses(
             model,
             processor,
@@ -165,10 +161,36 @@ class CausalLM:
             spec.training.eval_batch,
             device,
             add_bos=add_bos,
-            stop=stop,
+            stop=self.stop_tokens(processor),
             log=self.log,
         )
         return [answer_after_reasoning(answer) for answer in answers] if self.chat else answers
+
+    def _prompts(self, processor, rows: Sequence[dict]) -> tuple[list[str], bool]:
+        """Each row's prompt as generation renders it, and whether a bos goes before it."""
+        if self.chat:
+            return [self.template(processor).prompt(r["messages"]) for r in rows], False
+        return [self.spec.data.template.format(prompt=r["prompt"]) for r in rows], True
+
+    def stop_tokens(self, processor) -> list[str]:
+        """The tokens that end an answer besides eos: the chat template's end of turn."""
+        return [self.template(processor).end_of_turn] if self.chat else []
+
+    def scores(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device):
+        from entrypoint.evaluation.generate import first_token_logits
+
+        prompts, add_bos = self._prompts(processor, rows)
+        model_spec = self.spec.model
+        return first_token_logits(
+            model,
+            processor,
+            prompts,
+            model_spec.max_length,
+            model_spec.max_new_tokens,
+            self.spec.training.eval_batch,
+            device,
+            add_bos,
+        )
 
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
         from transformers import AutoModelForCausalLM

@@ -63,6 +63,12 @@ class ImageClassifier:
         paths, modes = [r["path"] for r in rows], self.spec.data.image_modes
         return predict_image_labels(model, processor, paths, labels, modes, self.spec.training.eval_batch, device)
 
+    def scores(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device):
+        from entrypoint.evaluation.classify import image_logits
+
+        paths, modes = [r["path"] for r in rows], self.spec.data.image_modes
+        return image_logits(model, processor, paths, modes, self.spec.training.eval_batch, device)
+
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
         from entrypoint.evaluation.classify import centroid_labels
 

@@ -73,6 +73,12 @@ class TextClassifier:
         texts = [r["text"] for r in rows]
         return predict_labels(model, processor, texts, labels, self.spec.model.max_length, self._batch, device)
 
+    def scores(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device):
+        from entrypoint.evaluation.classify import label_logits
+
+        texts = [r["text"] for r in rows]
+        return label_logits(model, processor, texts, self.spec.model.max_length, self._batch, device)
+
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
         from entrypoint.evaluation.classify import zero_shot_labels
 

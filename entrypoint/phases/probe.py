@@ -24,6 +24,7 @@ model with the trial's own settings (entrypoint/job/plan.py reads it):
     load_seconds     loading the model with its adaptation
     trial_setup      from the load to the Trainer's loop starting
     checkpoint_cost  the trainable weights and optimizer state saved locally, then put to the store
+    model_bytes      the base model's weight files (what a merged export reads)
 """
 
 from __future__ import annotations
@@ -192,6 +193,7 @@ def run(ctx: PhaseContext) -> dict:
         "grad_accum_verified_with": k,
         # For the plan: the step as training will run it (worst-case above is for memory only), and the rest
         "worst_case_step_seconds": plain["seconds"] * spec.training.grad_accum,  # what an earlier rentune planned with
+        "model_bytes": sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors")),  # a merge's reads
         **timing,
     }
 

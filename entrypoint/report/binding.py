@@ -21,11 +21,13 @@ TEMPLATE_FILE = "adapter/chat_template.jinja"  # chat jobs: the template the tok
 KWARGS_FILE = "adapter/chat_template_kwargs.json"  # chat jobs: data.chat_template_kwargs, when any
 
 
-def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
+def check_export(directory: Path, base: Path, allow_parity_failure: bool = False) -> tuple[StoredObject, list[str]]:
     """Check an export folder against its BINDING.json: every file it lists is there with its size and
-    sha256, no file under adapter/ is unlisted, and `base` hashes to the bound base model. Returns the
-    binding and the problems found (none: the export is intact and belongs to `base`). Raises
-    CorruptObject when BINDING.json is unreadable or lacks what this check needs."""
+    sha256 (those of merged/ only when that folder is there), no file under adapter/ or merged/ is
+    unlisted, the merged folder (if any) passed its parity check (unless `allow_parity_failure`), and
+    `base` hashes to the bound base model. Returns the binding and the problems found (none: the export is
+    intact and belongs to `base`). Raises CorruptObject when BINDING.json is unreadable or lacks what this
+    check needs."""
     where = directory / "BINDING.json"
     try:
         binding = loads_object(where.read_bytes(), str(where))
@@ -38,15 +40,24 @@ def check_export(directory: Path, base: Path) -> tuple[StoredObject, list[str]]:
     ):
         raise CorruptObject(f"{where}: files: expected a mapping of file name -> {{size, sha256}}")
     problems = []
+    fetched = (directory / "merged").is_dir()  # `rentune fetch` leaves the merged model out unless asked
     for name, info in sorted(files.items()):
+        if name.startswith("merged/") and not fetched:
+            continue
         path = directory / check_key(name)
         if not path.is_file():
             problems.append(f"{path}: missing")
         elif path.stat().st_size != info["size"] or file_sha256(path) != info["sha256"]:
             problems.append(f"{path}: differs from its sha256 in BINDING.json (changed or corrupted)")
-    for path in sorted((directory / "adapter").rglob("*")):
+    for path in sorted([*(directory / "adapter").rglob("*"), *(directory / "merged").rglob("*")]):
         if path.is_file() and path.relative_to(directory).as_posix() not in files:
             problems.append(f"{path}: not covered by BINDING.json (added after the export?)")
+    merged = binding.get("merged")
+    if fetched and merged and merged.get("parity") == "failed" and not allow_parity_failure:
+        problems.append(
+            f"{directory / 'merged'}: failed its parity check against the adapter ({'; '.join(merged['reasons'])}); "
+            "serve the adapter, or pass --allow-parity-failure to accept the merged folder as it is"
+        )
     problems += _chat_problems(directory, binding)
     actual = hash_base_model(base)
     if actual.sha256 != expected["sha256"]:

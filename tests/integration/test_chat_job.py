@@ -22,6 +22,7 @@ import yaml
 from tests.models import build_tiny_chat_lm
 
 RENTUNE = Path(sys.executable).parent / "rentune"
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["Ada Lovelace", "Bo Chen", "Cy Young", "Di Prima", "Ed Okafor", "Flo Rida", "Gus Grissom", "Ivy Park"]
 PRODUCTS = ["desk lamp", "coffee mill", "usb hub", "tea kettle", "phone stand", "wall clock"]
 SYSTEM = "Extract the order as JSON with customer, product and quantity."
@@ -132,6 +133,38 @@ def test_chat_job_trains_on_assistant_turns_and_the_export_reproduces_its_output
     )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert [json.loads(line) for line in fresh.stdout.splitlines()] == [p["output"] for p in predictions[:5]]
+
+    # The merged folder (export.merged: the default for causal LMs): bound, checked against the adapter in a
+    # fresh process, and served by plain transformers alone (examples/check_merged.py imports no rentune).
+    merged = binding["merged"]
+    assert merged["parity"] == "ok" and merged["method"] == "streamed" and merged["dtype"] == "float32"
+    names = {name for name in binding["files"] if name.startswith("merged/")}
+    assert {"merged/model.safetensors", "merged/config.json", "merged/chat_template.jinja"} <= names
+    assert {"merged/generation_config.json", "Modelfile", "SERVING.md", "parity.json"} <= {*names, *binding["files"]}
+    generation = json.loads((job / "export/merged/generation_config.json").read_text())
+    tokenizer_config = json.loads((job / "export/merged/tokenizer_config.json").read_text())
+    assert generation["eos_token_id"] in (1, [1])  # <|im_end|>: eos and the end of turn the eval stopped at
+    assert tokenizer_config["eos_token"] == "<|im_end|>"
+    modelfile = (job / "export/Modelfile").read_text()
+    assert "FROM ./merged" in modelfile and "<|im_start|>assistant" in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and 'PARAMETER stop "<|im_start|>"' in modelfile
+    assert "## Serving" in (job / "export/report.md").read_text()
+    served = subprocess.run(
+        [sys.executable, str(ROOT / "examples/check_merged.py"), str(job)], capture_output=True, text=True, timeout=300
+    )
+    assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-3000:]
+    n = len(predictions)
+    assert f": {n}/{n} eval answers equal to the adapter's" in served.stdout  # >= 99% asked; all of them here
+
+    # A changed byte in the merged weights: check-export names the file.
+    copy = tmp_path / "export-copy"
+    shutil.copytree(job / "export", copy)
+    weights = copy / "merged/model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    checked = _rentune("check-export", str(copy), "--base", str(chat_model), cwd=tmp_path)
+    assert checked.returncode == 2 and f"{weights}: differs from its sha256" in checked.stderr, checked.stderr
 
 
 SYSTEM_TURN = {"role": "system", "content": "s"}

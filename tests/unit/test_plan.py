@@ -152,6 +152,22 @@ def test_every_part_of_a_trial_and_of_the_final_phases_comes_from_a_measured_fig
     )
 
 
+def test_a_merged_export_counts_the_merge_and_its_parity_check_in_the_export_slot():
+    figures = {**FIGURES, "model_bytes": Figure(90e6, "probe")}
+    merged = make_plan(_spec(**{"export.merged": True}), 288, figures=figures, counts=COUNTS)
+    # read the base as a load does, put about its bytes, a fresh process, adapter and merged model on eval
+    merge = 1.5 + 90e6 / 2e6 + 6.0 + 2 * (1.5 + 96 * 0.01)
+    export = _slots(merged)["export"]
+    assert merged.merge_seconds == pytest.approx(merge) and export.seconds == pytest.approx(2 * 2.0 + merge)
+    assert "merge: read 1.5 s" in export.formula and "put 90 MB" in export.formula and "parity" in export.formula
+    plain = make_plan(_spec(), 288, figures=figures, counts=COUNTS)  # a classifier: no merged folder by default
+    assert plain.merge_seconds == 0.0 and _slots(plain)["export"].seconds == pytest.approx(2 * 2.0)
+    # the merge moves the training deadline by exactly its estimate
+    assert plain.train_deadline - merged.train_deadline == pytest.approx(merge)
+    unknown = make_plan(_spec(**{"export.merged": True}), 288, figures=FIGURES, counts=COUNTS)  # no model_bytes
+    assert _slots(unknown)["export"].source == "default" and unknown.merge_seconds == 0.0
+
+
 def test_the_advice_on_steps_fits_and_is_within_an_eval_pass_of_the_most_that_fit():
     figures = {**FIGURES, "step": Figure(100.0, "probe"), "eval_loss_pass": Figure(600.0, "probe")}
     done = {"data": 1, "baseline": 1, "probe": 1}

@@ -196,3 +196,19 @@ def test_a_variant_with_a_larger_batch_leaves_main_s_step_for_the_trials_after_i
     assert "/ 4 (its batch)" in plan["figures"]["step"]["source"]
     slow = plan["trials"][2]
     assert slow["seconds"] == pytest.approx(STEPS * 0.4 * 1.1)  # only the step is known: x the overhead
+
+
+def test_the_export_leaves_the_merge_out_when_its_estimate_no_longer_fits_before_the_margin(tmp_path):
+    from entrypoint.context import PhaseContext
+    from entrypoint.trial.export import merge_fits
+
+    spec = parse_spec(yaml.safe_dump(RAW), source="spec.yaml").spec
+    store = job_store(FileStore(tmp_path / "store"), spec.job.id)
+    now = {"t": START}
+    ctx = PhaseContext(spec, "sha", store, tmp_path / "work", print, clock=lambda: now["t"])
+    assert merge_fits(ctx) is None  # no plan yet: nothing to hold the merge back
+    store.put_bytes("plan.json", dumps({"merge_seconds": 300.0, "lease_end_at": START + 3600, "margin_seconds": 1800}))
+    now["t"] = START + 1200  # 600 s before the margin: the merge's 300 s fit
+    assert merge_fits(ctx) is None
+    now["t"] = START + 1600  # 200 s left
+    assert merge_fits(ctx) == "the merge and its parity check need about 300 s, 200 s are left before the margin"
