@@ -16,9 +16,8 @@ import sys
 from entrypoint.context import subprocess_context
 from entrypoint.job.state import dumps
 from entrypoint.store import get_tree
+from entrypoint.trial.export import PARITY_KEY
 from entrypoint.trial.parity import parity
-
-PARITY_KEY = "phases/export/parity.json"
 
 
 def main(argv: list[str] | None = None) -> int:
