@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from entrypoint.data.tokens import open_tokens
-from entrypoint.job.state import dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
+from entrypoint.job.state import BASE_MODEL_KEY, dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
 from entrypoint.kinds import Kind, kind_for
-from entrypoint.store import Store, open_store
+from entrypoint.store import ObjectNotFound, Store, open_store
 from entrypoint.training.device import resolve_device, resolve_precision
 from entrypoint.training.model import resolve_model_dir
 from jobspec.compare import with_locations
@@ -58,7 +58,14 @@ class PhaseContext:
     @functools.cached_property
     def kind(self) -> Kind:
         """The job's data, model and task sides (kinds/)."""
-        return kind_for(self.spec, self.log)
+        return kind_for(self.spec, self.log, self.recorded_quantization)
+
+    def recorded_quantization(self) -> dict | None:
+        """QLoRA: the quantized base's record in base_model.json (training/quantize.py), None if none."""
+        try:
+            return self.read_json(BASE_MODEL_KEY).get("quantized")
+        except ObjectNotFound:
+            return None
 
     @functools.cached_property
     def model_dir(self) -> Path:

@@ -163,7 +163,7 @@ def run_job(
     outcome = {"outcome": "error", "phase": None}
     previous_handler = _stop_on_sigterm()
     try:
-        preflight(spec.training, spec.model, spec.tracking)
+        preflight(spec.training, spec.model, spec.tracking, spec.adaptation.quantization is not None)
         model_checked = False
         for name, phase in PHASES:
             if store.head(phase_result_key(name)) is not None:

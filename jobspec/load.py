@@ -151,6 +151,7 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
     if spec.adaptation.method == "full" and spec.adaptation.modules_to_save:
         errors.append(f"{source}: adaptation.modules_to_save: expected empty with method 'full' (all train)")
     errors += [f"{source}: {line}" for line in trial_errors(spec)]
+    errors += [f"{source}: {line}" for line in _quantization_errors(spec)]
     if spec.data.modality == "image" and spec.hypothesis.task != "classification":
         errors.append(f"{source}: data.modality: expected text for task {spec.hypothesis.task}; images are classified")
     chat = spec.data.format != "prompt_response"
@@ -191,6 +192,39 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
     if errors:
         raise SpecError(errors)
     return spec
+
+
+def _quantization_errors(spec: JobSpec) -> list[str]:
+    """What QLoRA works with (docs/qlora.md): LoRA on a causal LM, without ZeRO-3, the same quantized base
+    for every trial."""
+    if spec.adaptation.quantization is None:
+        if spec.export.merge_base is not None:
+            return [
+                "export.merge_base: expected adaptation.quantization (it chooses the base a QLoRA adapter merges into)"
+            ]
+        return []
+    errors = []
+    if spec.adaptation.method != "lora":
+        errors.append(
+            "adaptation.quantization: expected adaptation.method lora (a quantized base cannot be trained in full)"
+        )
+    if not spec.generates:
+        errors.append(
+            "adaptation.quantization: expected a causal LM job (tasks format and extraction on text); "
+            f"task {spec.hypothesis.task} on {spec.data.modality} is trained unquantized"
+        )
+    if spec.distribution.strategy == "deepspeed" and spec.distribution.zero_stage == 3:
+        errors.append(
+            "adaptation.quantization: expected distribution.zero_stage 2 or strategy ddp (ZeRO-3 partitions "
+            "parameters, and bitsandbytes' quantized weights cannot be partitioned)"
+        )
+    for i, experiment in enumerate(spec.experiments):
+        if "quantization" in experiment.adaptation:
+            errors.append(
+                f"experiments.{i}.adaptation.quantization: expected the spec's own (every trial and the baseline "
+                "run on the same quantized base)"
+            )
+    return errors
 
 
 # Metric families a guardrail may name, per task; `family/<name>` picks one category or field, `family/*` all.

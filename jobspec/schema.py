@@ -436,6 +436,27 @@ class Data(_Section):
         return self
 
 
+class Quantization(_Section):
+    """QLoRA: the frozen base loaded quantized by bitsandbytes, LoRA trained on top (docs/qlora.md)."""
+
+    bits: Literal[4, 8] = Field(4, description="4: NF4 or FP4 weights (QLoRA); 8: LLM.int8() weights.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit only: the 4-bit data type.")
+    double_quant: bool = Field(True, description="4-bit only: quantize the quantization constants too.")
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="4-bit only: the dtype the matmuls run in; auto: bfloat16 when training.precision resolves "
+        "to bf16 (a GPU that has it), else float32.",
+    )
+
+    @model_validator(mode="after")
+    def _four_bit_fields(self) -> Quantization:
+        if self.bits == 8:
+            given = sorted(self.model_fields_set & {"quant_type", "double_quant", "compute_dtype"})
+            if given:
+                raise ValueError(f"expected no {', '.join(given)} with bits 8 (they are 4-bit settings)")
+        return self
+
+
 class Adaptation(_Section):
     method: Literal["lora", "full"] = "lora"
     rank: int = Field(8, gt=0, le=1024)
@@ -449,6 +470,11 @@ class Adaptation(_Section):
     )
     modules_to_save: list[str] = Field(
         default_factory=list, description="Extra modules trained in full and saved with the adapter."
+    )
+    quantization: Quantization | None = Field(
+        None,
+        description="QLoRA: load the frozen base quantized (bitsandbytes) and train LoRA on top; method lora, "
+        "causal LMs (tasks format and extraction), not with DeepSpeed ZeRO-3.",
     )
 
 
@@ -586,6 +612,12 @@ class Export(_Section):
         le=1.0,
         description="The merged model passes when its primary metric on eval is within this of the adapter's "
         "(classifiers also need equal predictions on at least 99% of eval examples).",
+    )
+    merge_base: Literal["dequantized", "original"] | None = Field(
+        None,
+        description="With adaptation.quantization: merge into the dequantized quantized weights the adapter was "
+        "trained against (dequantized, the default: reproduces the evaluated outputs) or into the original "
+        "full-precision base (original; the parity check reports the difference).",
     )
 
 

@@ -57,10 +57,11 @@ _SPECIALS = {
 }
 
 
-def _save_tiny_llama(folder: Path, tokenizer, vocab_size: int, max_positions: int, seed: int) -> None:
-    """A 2-layer, 32-wide Llama over `tokenizer`, saved as safetensors with the tokenizer in `folder`."""
+def _save_tiny_llama(folder: Path, tokenizer, vocab_size: int, max_positions: int, seed: int, **config) -> None:
+    """A 2-layer, 32-wide Llama (or as `config` says) over `tokenizer`, saved as safetensors with the
+    tokenizer in `folder`."""
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    model = tiny_llama(vocab_size, max_positions, seed, pad_token_id=tokenizer.pad_token_id, **special)
+    model = tiny_llama(vocab_size, max_positions, seed, pad_token_id=tokenizer.pad_token_id, **special, **config)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 
@@ -73,7 +74,10 @@ def tiny_llama(vocab_size: int, max_positions: int, seed: int = 0, heads: int = 
     torch.manual_seed(seed)
     settings = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_key_value_heads": 2}
     config = LlamaConfig(
-        vocab_size=vocab_size, max_position_embeddings=max_positions, num_attention_heads=heads, **settings, **config
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        num_attention_heads=heads,
+        **{**settings, **config},
     )
     if attn:
         config._attn_implementation = attn
@@ -102,10 +106,11 @@ def build_chat_tokenizer(style: str, texts: list[str], vocab_size: int = 600):
     return tokenizer
 
 
-def build_tiny_chat_lm(folder: Path, texts: list[str], style: str = "chatml", seed: int = 0) -> Path:
-    """A 2-layer, 32-wide Llama with a byte-level BPE tokenizer trained on `texts` and a chat template."""
+def build_tiny_chat_lm(folder: Path, texts: list[str], style: str = "chatml", seed: int = 0, **config) -> Path:
+    """A 2-layer, 32-wide Llama (`config`: other LlamaConfig fields, e.g. a wider one) with a byte-level BPE
+    tokenizer trained on `texts` and a chat template."""
     tokenizer = build_chat_tokenizer(style, texts)
-    _save_tiny_llama(folder, tokenizer, len(tokenizer), max_positions=512, seed=seed)
+    _save_tiny_llama(folder, tokenizer, len(tokenizer), max_positions=512, seed=seed, **config)
     return folder
 
 

@@ -25,6 +25,7 @@ from entrypoint.data.packing import PackedCollator
 from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
 from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter, resolve_model_dir
+from entrypoint.training.quantize import prepare_for_training, quantized_base
 from jobspec.schema import Adaptation, JobSpec
 
 __all__ = ["CausalLM"]
@@ -33,8 +34,16 @@ __all__ = ["CausalLM"]
 class CausalLM:
     """The model side of a causal LM job (format adherence, extraction)."""
 
-    def __init__(self, spec: JobSpec, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        log: Callable[[str], None] | None = None,
+        recorded_quantization: Callable[[], dict | None] | None = None,
+    ):
         self.spec = spec
+        # QLoRA: the quantized base's record in base_model.json (training/quantize.py), which every quantized
+        # load must reproduce; None where no job store is at hand (nothing to compare with)
+        self.recorded_quantization = recorded_quantization
         attn = spec.model.attn_implementation  # auto: transformers' own choice for the model
         self.loading = {**SAFE_LOADING, **({} if attn == "auto" else {"attn_implementation": attn})}
         self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
@@ -143,9 +152,22 @@ class CausalLM:
         if trained is not None and adaptation.method == "full":
             return AutoModelForCausalLM.from_pretrained(trained, **self.loading)
         if trained is not None:
-            return load_adapter(AutoModelForCausalLM.from_pretrained(folder, **self.loading), trained)
-        model, info = AutoModelForCausalLM.from_pretrained(folder, **self.loading, output_loading_info=True)
+            return load_adapter(self._base(folder, adaptation), trained)
+        if adaptation.quantization is None:
+            model, info = AutoModelForCausalLM.from_pretrained(folder, **self.loading, output_loading_info=True)
+        else:  # a quantized base loads every weight or fails: nothing is missing
+            model, info = prepare_for_training(self._base(folder, adaptation)), {"missing_keys": []}
         return adapt(model, info, folder, adaptation, task_type="CAUSAL_LM")
+
+    def _base(self, folder: Path, adaptation: Adaptation):
+        """The base model as the job trains on it: as saved, or (QLoRA) quantized on the job's device to the
+        bytes recorded at the job's first use of it."""
+        from transformers import AutoModelForCausalLM
+
+        if adaptation.quantization is None:
+            return AutoModelForCausalLM.from_pretrained(folder, **self.loading)
+        recorded = self.recorded_quantization() if self.recorded_quantization is not None else None
+        return quantized_base(self.spec, folder, adaptation.quantization, recorded, **self.loading)
 
     def predict(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device) -> list[str]:
         from entrypoint.evaluation.generate import generate_responses
@@ -193,12 +215,21 @@ class CausalLM:
         )
 
     def baseline(self, folder: Path, processor, rows: Sequence[dict], labels: Sequence[str], device, train) -> Baseline:
-        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(folder, **self.loading).eval()
-        return Baseline(self.predict(model, processor, rows, labels, device), {"method": "untouched_model_generation"})
+        model = self._base(folder, self.spec.adaptation).eval()
+        method = {"method": "untouched_model_generation"}
+        if self.spec.adaptation.quantization is not None:  # the base every trial adapts, quantized the same
+            method["base"] = "quantized as trained (adaptation.quantization)"
+        return Baseline(self.predict(model, processor, rows, labels, device), method)
 
     def settings(self) -> dict:
+        quantization = self.spec.adaptation.quantization
+        if quantization is None:
+            return self._settings()
+        model = f"the {quantization.bits}-bit quantized base + the adapter, as trained (adaptation.quantization)"
+        return {**self._settings(), "model": model}
+
+    def _settings(self) -> dict:
         from entrypoint.evaluation.generate import decoding
 
         data, max_new_tokens = self.spec.data, self.spec.model.max_new_tokens

@@ -25,6 +25,7 @@ model with the trial's own settings (entrypoint/job/plan.py reads it):
     trial_setup      from the load to the Trainer's loop starting
     checkpoint_cost  the trainable weights and optimizer state saved locally, then put to the store
     model_bytes      the base model's weight files (what a merged export reads)
+    quantization     QLoRA: the step's memory with the quantized base against the same base unquantized
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import psutil
 import torch
 from transformers import TrainerCallback
 
@@ -44,7 +46,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
 from entrypoint.data.tokens import features_of, full_lengths, token_counts
-from entrypoint.training.memory import OutOfMemory, estimate_step, is_oom
+from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 from entrypoint.training.steps import GRAD_RTOL, eval_gradients, max_rel_diff, measured_step, split_batch
 from entrypoint.training.trainer import StepClock, build_trainer
@@ -160,6 +162,9 @@ def run(ctx: PhaseContext) -> dict:
         variant.grads = None
     _free(ctx)
     timing = _timing(ctx, processor, labels)
+    quantized = None
+    if spec.adaptation.quantization is not None:
+        quantized = _against_unquantized(ctx, labels, _batch(ctx, processor, labels, m))
     plain = variants["plain"].record
     estimate = plain.pop("estimate_bytes")
     rows = "packed rows" if spec.training.packing else "examples"
@@ -194,6 +199,7 @@ def run(ctx: PhaseContext) -> dict:
         # For the plan: the step as training will run it (worst-case above is for memory only), and the rest
         "worst_case_step_seconds": plain["seconds"] * spec.training.grad_accum,  # what an earlier rentune planned with
         "model_bytes": sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors")),  # a merge's reads
+        **({"quantization": quantized} if quantized else {}),
         **timing,
     }
 
@@ -313,6 +319,65 @@ def _checkpoint_cost(ctx: PhaseContext, model, optimizer) -> dict:
         "put_seconds": round(put, 4),
         "weights_bytes": sum(p.numel() * p.element_size() for p in trainable.values()),
     }
+
+
+def _against_unquantized(ctx: PhaseContext, labels, batch: dict) -> dict:
+    """QLoRA: the plain step's memory with the quantized base and with the same base unquantized (the same
+    LoRA, batch and optimizer): the model as it stays in memory plus the step's gradients, optimizer state
+    and activations, which is what quantization saves. The unquantized one is left out where its weights
+    would take more than half the memory free for them (on a GPU that is often why QLoRA was chosen)."""
+    spec, device = ctx.spec, ctx.device
+    weights = sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors"))
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+    measure = (
+        "the allocator's peak during a step above what was held before the model loaded"
+        if device.type == "cuda"
+        else "the model's tensors (counted) + a step's peak RSS above the RSS before it"
+    )
+    out = {"measure": measure, "weight_files_bytes": weights}
+    plain = spec.adaptation.model_copy(update={"quantization": None})
+    for name, adaptation in (("quantized", spec.adaptation), ("unquantized", plain)):
+        if name == "unquantized" and 2 * weights > free:
+            out[name] = {"skipped": f"the weight files take {weights / 2**30:.1f} GiB, half of the free memory is less"}
+            continue
+        _free(ctx)
+        torch.manual_seed(spec.training.seed)
+        before = _held(device)
+        try:
+            model = ctx.kind.model.load(ctx.model_dir, labels, adaptation).to(device)
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+            _free(ctx)  # what loading needed only for a while (the unquantized weights being quantized)
+            with PeakMemory(device) as peak:
+                measured_step(model, [batch], ctx.kind.task.loss, False, optimizer, device, ctx.precision)
+            weights = _weights_bytes(model)
+            # a GPU allocator's peak is exact; on CPU freed memory stays with the process, and the RSS
+            # would hide the difference: the model's tensors are counted, the step's increase measured
+            held = peak.peak - before if device.type == "cuda" else weights + max(0, peak.peak - peak.start)
+            out[name] = {"peak_bytes": held, "weights_bytes": weights, "step_bytes": peak.peak - peak.start}
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            out[name] = {"oom": True}
+        model = optimizer = None
+    _free(ctx)
+    q, u = out["quantized"].get("peak_bytes"), out["unquantized"].get("peak_bytes")
+    out["saved_share"] = 1 - q / u if q and u else None
+    if q and u:
+        ctx.log(
+            f"probe: {spec.adaptation.quantization.bits}-bit base: {q / 2**20:.0f} MiB for load and step against "
+            f"{u / 2**20:.0f} MiB unquantized ({out['saved_share']:.0%} less)"
+        )
+    return out
+
+
+def _held(device: torch.device) -> int:
+    """Memory held now: the allocator's on a GPU, the process RSS on CPU (as PeakMemory measures)."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else psutil.Process().memory_info().rss
+
+
+def _weights_bytes(model: torch.nn.Module) -> int:
+    """The model's parameters and buffers as they sit in memory (packed quantized weights included)."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: bool, with_checks: bool) -> Variant:

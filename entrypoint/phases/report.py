@@ -37,6 +37,11 @@ def run(ctx: PhaseContext) -> dict:
     committed = {"data": ctx.data_result, "baseline": baseline, "train": train, "evaluate": evaluated, "test": test}
     results = build_results(spec, ctx.spec_sha256, committed, records, configs, environment(), ctx.kind.task)
     results["lease"] = lease_account(spec, ctx.store, ctx.clock())
+    if spec.adaptation.quantization is not None:
+        results["quantization"] = {
+            "base": ctx.recorded_quantization(),
+            "memory": ctx.result("probe").get("quantization"),
+        }
     trials = results["trials"]
     Results.model_validate(results)  # the schema we publish is the one we write
 

@@ -124,6 +124,8 @@ def render_markdown(results: dict) -> str:
                 )
     lines += ["", "## Power: the smallest change each split can show", "", *_power_lines(results["power"])]
     lines += ["", "## What changed", "", *_changed_lines(results, completed)]
+    if results.get("quantization"):
+        lines += ["", "## Quantized base (QLoRA)", "", *_quantization_lines(results["quantization"])]
     lines += ["", "## Throughput", "", *_throughput_lines(results["trials"])]
     lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
     if results.get("lease"):
@@ -278,6 +280,37 @@ def _throughput_lines(trials: list[dict]) -> list[str]:
             f"| {t['id']} | {p['precision'] or '-'} | {attention} | {'yes' if p['packing'] else 'no'} | {rate} | "
             f"{device} | {padding} | {mfu} | {p['peak_source'] or '-'} |"
         )
+    return lines
+
+
+def _quantization_lines(quantization: dict) -> list[str]:
+    """What the base was quantized to, its hash, and the probe's memory with and without quantization."""
+    base, memory = quantization["base"] or {}, quantization.get("memory") or {}
+    kind = f"{base.get('bits')}-bit" + (
+        f" {base['quant_type']}{', double quantization' if base.get('double_quant') else ''}, compute in "
+        f"{base['compute_dtype']}"
+        if base.get("bits") == 4
+        else " LLM.int8()"
+    )
+    lines = [
+        f"Trained, evaluated, verified and tested on the base quantized to {kind} by bitsandbytes "
+        f"{base.get('bitsandbytes')} (torch {base.get('torch')}); quantized weights sha256 "
+        f"`{str(base.get('sha256'))[:16]}...`, the same on every load of this job.",
+    ]
+    if memory:
+        cells = []
+        for name in ("quantized", "unquantized"):
+            m = memory.get(name, {})
+            if "peak_bytes" in m:
+                cells.append(f"{m['peak_bytes'] / 2**20:,.0f} MiB (weights {m['weights_bytes'] / 2**20:,.1f} MiB)")
+            else:
+                cells.append("did not fit" if m.get("oom") else m.get("skipped", "-"))
+        share = memory.get("saved_share")
+        lines += [
+            "",
+            f"Probe, one step at the spec's microbatch ({memory['measure']}): quantized {cells[0]}; unquantized "
+            f"{cells[1]}" + (f"; {share:.0%} less." if share is not None else "."),
+        ]
     return lines
 
 

@@ -177,6 +177,8 @@ class Results(_Strict):
     # Plan against actual per phase and trial, and the lease used (entrypoint/job/lease.py); the report and
     # export phases run after the report, so their actual seconds are in `rentune status`, not here.
     lease: dict[str, Any] | None = None
+    # QLoRA: the quantized base as base_model.json recorded it, and the probe's memory against unquantized
+    quantization: dict[str, Any] | None = None
     limitations: list[str]
 
 

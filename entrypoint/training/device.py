@@ -5,6 +5,7 @@ runner calls `preflight` before any phase; every phase gets the same answers fro
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import torch
@@ -50,9 +51,22 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def preflight(training: Training, model: Model | None = None, tracking: Tracking | None = None) -> torch.device:
+def _distribution(name: str) -> bool:
+    """Whether the distribution is installed (its metadata: rentune's processes hide bitsandbytes from
+    find_spec until a QLoRA job imports it, entrypoint/__init__.py)."""
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def preflight(
+    training: Training, model: Model | None = None, tracking: Tracking | None = None, quantized: bool = False
+) -> torch.device:
     """Refuse an image built for another stack, a device that is not there, a precision the device cannot
-    train in, an attention implementation or kernels the image lacks, or a tracker whose package it lacks:
+    train in, an attention implementation or kernels the image lacks, a tracker whose package it lacks, or
+    a quantized base (`quantized`) without bitsandbytes:
     said before any compute is spent, never replaced by a slower fallback. Returns the device."""
     have = backend()
     if training.backend != "any" and training.backend != have:
@@ -70,6 +84,11 @@ def preflight(training: Training, model: Model | None = None, tracking: Tracking
         raise Unsupported(
             "training.liger: the liger-kernel package is not installed in this image (it needs a GPU and Triton); "
             "set training.liger: false or use an image with `pip install liger-kernel`"
+        )
+    if quantized and not _distribution("bitsandbytes"):
+        raise Unsupported(
+            "adaptation.quantization: bitsandbytes is not installed in this image; install rentune[qlora] (the "
+            "images have it) or remove adaptation.quantization"
         )
     missing = [name for name in tracking.enabled if not _installed(TRACKING_MODULES[name])] if tracking else []
     if missing:

@@ -24,6 +24,7 @@ _PACKAGES = (
     "deepspeed",
     "flash-attn",
     "liger-kernel",
+    "bitsandbytes",
 )
 
 

@@ -189,10 +189,16 @@ def _hash_files(folder: Path, signature: tuple) -> BaseModelHash:
 
 def match_base_model(store: Store, spec, model_dir: Path, record: bool) -> None:
     """Record the base model's sha256 (and each weight file's) at the job's first use of it (`record`),
-    compare at every later one. A copy that differs raises ModelMismatch (exit 3) naming the files, before
-    anything runs on it. The weights are hashed once per process (hash_base_model caches)."""
+    compare at every later one. A QLoRA job also records the sha256 of its base quantized (the `quantized`
+    entry: training/quantize.py), which every later quantized load compares with. A copy that differs
+    raises ModelMismatch (exit 3) naming the files, before anything runs on it. The weights are hashed once
+    per process (hash_base_model caches)."""
     mine = hash_base_model(model_dir)
     entry = {"sha256": mine.sha256, "files": mine.files, "source": spec.model.model_dump(exclude_none=True)}
+    if record and spec.adaptation.quantization is not None and store.head(BASE_MODEL_KEY) is None:
+        from entrypoint.training.quantize import first_record
+
+        entry["quantized"] = first_record(spec, model_dir, SAFE_LOADING)  # every later load compares with it
     if record:
         try:
             store.put_if_absent(BASE_MODEL_KEY, dumps(entry))

@@ -3,8 +3,9 @@
 Declared trainable: for LoRA, the adapter matrices (`lora_`) and the copies peft makes of
 `modules_to_save` (and of a new classification head); for full fine-tuning, every parameter. After the
 first optimizer steps every declared parameter must have changed and every other one must be
-bit-identical. LoRA's B matrices start at zero, so the A matrices get no gradient in the first step:
-a declared parameter may take up to `GRACE_STEPS` updates to move.
+bit-identical (a quantized weight with its quantization state: training/quantize.py). LoRA's B matrices
+start at zero, so the A matrices get no gradient in the first step: a declared parameter may take up to
+`GRACE_STEPS` updates to move.
 
 Under DeepSpeed ZeRO-3 each rank holds a slice of every parameter: each one is gathered whole for its
 fingerprint, one at a time (the device holds at most one gathered parameter beyond the shards; the host
@@ -17,6 +18,8 @@ from __future__ import annotations
 import hashlib
 
 import torch
+
+from entrypoint.training.quantize import int8_scales, quant_state_tensors
 
 __all__ = ["GRACE_STEPS", "ParameterCheck", "ParameterCheckError", "declared_trainable"]
 
@@ -34,8 +37,11 @@ def declared_trainable(name: str, method: str) -> bool:
 
 
 def _fingerprint(tensor: torch.Tensor) -> str:
-    data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy()
-    return hashlib.sha256(data.tobytes()).hexdigest()
+    """sha256 of the tensor's bytes and, for a quantized weight (QLoRA), of its quantization state too."""
+    digest = hashlib.sha256()
+    for part in (tensor, *quant_state_tensors(tensor)):
+        digest.update(part.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _fingerprints(model: torch.nn.Module) -> dict[str, str]:
@@ -50,6 +56,8 @@ def _fingerprints(model: torch.nn.Module) -> dict[str, str]:
                 out[name] = _fingerprint(param)
         else:
             out[name] = _fingerprint(param)
+    for name, scales in int8_scales(model).items():  # 8-bit weights' scales: frozen like their weights
+        out[name] = _fingerprint(scales)
     return out
 
 

@@ -14,7 +14,7 @@ from entrypoint.job.state import trial_result_key
 from entrypoint.kinds import Baseline
 from entrypoint.store import get_tree
 from entrypoint.training.model import hash_base_model
-from jobspec.schema import Adaptation
+from jobspec.schema import Adaptation, Quantization
 
 __all__ = ["baseline_outputs", "evaluate_trial", "split_config", "trial_adaptation"]
 
@@ -37,8 +37,12 @@ def baseline_outputs(ctx: PhaseContext, rows: Sequence[dict]) -> Baseline:
 
 def trial_adaptation(record: dict) -> Adaptation:
     """The adaptation a trial trained with, from its committed result, as it was stored (not validated
-    again: a record written by an earlier rentune stays readable; reloading reads only its method)."""
-    return Adaptation.model_construct(**record["settings"]["adaptation"])
+    again: a record written by an earlier rentune stays readable; reloading reads only its method and its
+    quantization)."""
+    settings = dict(record["settings"]["adaptation"])
+    if settings.get("quantization"):
+        settings["quantization"] = Quantization.model_construct(**settings["quantization"])
+    return Adaptation.model_construct(**settings)
 
 
 def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[dict], list[str], dict]:

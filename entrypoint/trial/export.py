@@ -36,7 +36,8 @@ from entrypoint.store import ObjectNotFound, get_tree
 from entrypoint.store.hashing import file_sha256
 from entrypoint.training.environment import environment
 from entrypoint.training.merge import base_dtype, merge_loaded, merge_streamed, stream_refusal
-from entrypoint.training.model import hash_base_model
+from entrypoint.training.model import SAFE_LOADING, hash_base_model, load_adapter
+from entrypoint.training.quantize import dequantized, quantized_base
 from entrypoint.trial.evaluate import trial_adaptation
 
 __all__ = [
@@ -110,6 +111,9 @@ def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serv
             "hash_method": "sha256 over '<file>\\t<sha256>\\n' lines of *.safetensors, sorted by path",
         },
         "adaptation": ctx.read_json(trial_result_key(trial_id))["settings"]["adaptation"]["method"],
+        # QLoRA: the quantized base the adapter was trained and evaluated on (settings, the bitsandbytes and
+        # torch that quantized it, the sha256 of the result), as base_model.json recorded it
+        "quantization": ctx.recorded_quantization() if spec.adaptation.quantization is not None else None,
         "files": dict(sorted(files.items())),  # every exported file but this one, relative to export/
         # chat jobs: the template the exported tokenizer carries (adapter/chat_template.jinja), as trained
         "chat_template_sha256": recipe.get("chat_template_sha256"),
@@ -155,14 +159,27 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     adapter, out = get_tree(ctx.store, "export/adapter", work / "adapter"), work / "merged"
     dtype = base_dtype(ctx.model_dir) if dtype == "auto" else dtype
     adaptation = trial_adaptation(ctx.read_json(trial_result_key(trial_id)))
-    refusal = stream_refusal(ctx.model_dir, adapter) if adaptation.method == "lora" else "a full fine-tune"
+    quantization = adaptation.quantization
+    merge_base = (ctx.spec.export.merge_base or "dequantized") if quantization is not None else "original"
+    if merge_base == "dequantized":
+        refusal = "QLoRA: merged into the quantized base dequantized (export.merge_base)"
+    else:
+        refusal = stream_refusal(ctx.model_dir, adapter) if adaptation.method == "lora" else "a full fine-tune"
     with ctx.timed("merge"):
         if refusal is None:
             how = merge_streamed(ctx.model_dir, adapter, out, dtype, ctx.log)
         else:
-            model = side.load(ctx.model_dir, labels, adaptation, trained=adapter)
+            if merge_base == "dequantized":  # the weights the adapter was trained against, as fp32
+                base = quantized_base(
+                    ctx.spec, ctx.model_dir, quantization, ctx.recorded_quantization(), **SAFE_LOADING
+                )
+                model = load_adapter(dequantized(base), adapter)
+            else:
+                model = side.load(ctx.model_dir, labels, adaptation, trained=adapter)
             how = {**merge_loaded(model, out, dtype), "why_in_memory": refusal}
             del model
+        if quantization is not None:
+            how["merge_base"] = merge_base
         processor = side.processor(adapter)
         processor.save_pretrained(out)  # tokenizer and chat template, or the image processor
         if (adapter / "chat_template_kwargs.json").is_file():
@@ -284,6 +301,7 @@ def _parity_summary(merged: dict) -> dict:
         "dtype": how["dtype"],
         "method": how["method"],
         **({"why_in_memory": how["why_in_memory"]} if "why_in_memory" in how else {}),
+        **({"merge_base": how["merge_base"]} if "merge_base" in how else {}),  # QLoRA: which base it went into
     }
 
 
@@ -297,8 +315,10 @@ def _report_section(summary: dict | None, readiness: dict | None, modelfile: dic
         lines.append(f"No merged folder: {why}; `rentune export JOB --merged` writes it later.")
     else:
         verdict = "ok" if summary["parity"] == "ok" else "FAILED"
+        base = {"dequantized": ", into the quantized base dequantized", "original": ", into the original base"}
         lines.append(
-            f"- merged model (export/merged/, {summary['dtype']}): parity {verdict}: {summary['metric']} "
+            f"- merged model (export/merged/, {summary['dtype']}{base.get(summary.get('merge_base'), '')}): "
+            f"parity {verdict} against the adapter as evaluated: {summary['metric']} "
             f"{summary['merged']:.4f} merged vs {summary['adapter']:.4f} adapter (tolerance {summary['tolerance']}); "
             f"{summary['equal_outputs']} eval answers identical; largest first-token logit difference "
             f"{summary['largest_logit_difference']:.3g}"

@@ -150,14 +150,15 @@ def test_offline_and_tini_installed(dockerfile):
 def test_pip_installs_the_project_and_keeps_the_base_torch(dockerfile):
     name, instructions = dockerfile
     installs = _pip_installs(instructions)
-    # the dependencies with the distributed and tracking extras, constrained to the base's torch; then rentune
+    # the dependencies with the distributed, tracking and qlora extras, constrained to the base's torch; then
+    # rentune
     lists_deps = any(
-        words[words.index("image-requirements.py") + 1 :][:3] == ["pyproject.toml", "distributed", "tracking"]
+        words[words.index("image-requirements.py") + 1 :][:4] == ["pyproject.toml", "distributed", "tracking", "qlora"]
         for run in _args(instructions, "RUN")
         for words in _shell_commands(run)
         if "image-requirements.py" in words
     )
-    assert lists_deps, f"{name}: no `python image-requirements.py pyproject.toml distributed tracking`"
+    assert lists_deps, f"{name}: no `python image-requirements.py pyproject.toml distributed tracking qlora`"
     assert any("--requirement" in words and "--constraint" in words for words in installs), (
         f"{name}: the dependencies are not installed under a constraint"
     )

@@ -121,6 +121,43 @@ def test_a_model_folder_in_a_bucket_is_a_valid_model_path():
     assert loaded.spec.model.path == "s3://models-bucket/minilm/"
 
 
+# QLoRA (docs/qlora.md): what quantization works with, checked before any phase.
+_EXTRACT = yaml.safe_load((ROOT / "jobspec/examples/extract-json.yaml").read_text())
+_QLORA = _with("adaptation.quantization", {"bits": 4}, _EXTRACT)
+_VARIANT = {"id": "int8", "changes": ["adaptation.quantization"], "rationale": "r", "adaptation": {"quantization": {}}}
+BAD_SPECS += [
+    ("qlora-classifier", _with("adaptation.quantization", {"bits": 4}), "adaptation.quantization", "causal LM"),
+    ("qlora-full", _with("adaptation.method", "full", _QLORA), "adaptation.quantization", "method lora"),
+    (
+        "qlora-zero3",
+        _with("distribution", {"strategy": "deepspeed", "nproc_per_node": 2, "zero_stage": 3}, _QLORA),
+        "adaptation.quantization",
+        "zero_stage 2",
+    ),
+    ("qlora-3-bits", _with("adaptation.quantization", {"bits": 3}, _EXTRACT), "adaptation.quantization.bits", "4"),
+    (
+        "qlora-8bit-quant-type",
+        _with("adaptation.quantization", {"bits": 8, "quant_type": "nf4"}, _EXTRACT),
+        "adaptation.quantization",
+        "4-bit settings",
+    ),
+    ("merge-base-alone", _with("export", {"merge_base": "original"}, _EXTRACT), "export.merge_base", "quantization"),
+    (
+        "qlora-variant",
+        _with("experiments", [_VARIANT], _QLORA),
+        "experiments.0.adaptation.quantization",
+        "same quantized base",
+    ),
+]
+
+
+def test_a_qlora_spec_validates_with_its_defaults():
+    spec = parse_spec(yaml.safe_dump(_with("export", {"merge_base": "original"}, _QLORA)), source="s.yaml").spec
+    q = spec.adaptation.quantization
+    assert (q.bits, q.quant_type, q.double_quant, q.compute_dtype) == (4, "nf4", True, "auto")
+    assert spec.export.merge_base == "original" and spec.merges
+
+
 @pytest.mark.parametrize("case,spec,field,word", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
 def test_bad_spec_exits_2_naming_file_and_field(tmp_path, case, spec, field, word):
     path = tmp_path / f"{case}.yaml"
