@@ -7,11 +7,11 @@ batch, each in a fresh process, printed side by side with ratios against fp32 fr
 
 Each configuration runs in its own child process, so one's peak RSS cannot raise another's. The child
 imports torch, transformers, peft and bitsandbytes (all three configurations, so the figures before
-loading match), records its RSS, loads the model (fp32 weights, or `BitsAndBytesConfig` 8-bit, or 4-bit
-NF4 + double quant with fp32 compute, on `device_map="cpu"`), runs `prepare_model_for_kbit_training` on
-the quantized ones, adds LoRA r=8, alpha 16 on q_proj, k_proj, v_proj and o_proj, and trains with AdamW
-(lr 1e-4) on seeded random token batches of `--batch` x `--length` tokens (labels = input ids; the same
-batches in every configuration): one warm-up step, then `--steps` timed steps.
+loading match), records its RSS, loads the model (fp32 weights, or as rentune loads a quantized base:
+entrypoint/training/quantize.py's `load_quantized` in 8-bit or 4-bit NF4 + double quant with fp32 compute
+on the CPU, then `prepare_for_training`), adds LoRA r=8, alpha 16 on q_proj, k_proj, v_proj and o_proj,
+and trains with AdamW (lr 1e-4) on seeded random token batches of `--batch` x `--length` tokens (labels =
+input ids; the same batches in every configuration): one warm-up step, then `--steps` timed steps.
 
 Figures per configuration: median wall seconds of a timed step; CPU seconds per step (time.process_time,
 every thread); peak RSS, sampled every 2 ms by a background thread (`PeakMemory`) over loading and over
@@ -29,7 +29,7 @@ time, host steal included, less this process's, over the steps' wall time): comp
 the same figure there, or rerun with `--rounds`.
 
 On CPUs with AVX512-BF16, bitsandbytes' 4-bit layers repack their weights into another layout the first
-time they run in eval mode without gradients; that is switched off after loading (`support_avx512bf16_for_cpu`)
+time they run in eval mode without gradients; `load_quantized` switches that off (`support_avx512bf16_for_cpu`)
 so that every step runs the same 4-bit code path.
 """
 
@@ -53,23 +53,6 @@ CONFIGS = ("fp32", "int8", "nf4")
 BASELINE = "fp32"
 DEFAULT_MODEL = ROOT / ".models/smollm2-135m-instruct"
 MB = 1e6
-
-
-def _import_bitsandbytes():
-    """bitsandbytes' CPU backend tries to fetch a 4-bit kernel from a hub (`kernels`) on import and logs the
-    failure offline: hide `kernels` for the import, then put it back."""
-    import logging
-
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    hidden = "kernels" not in sys.modules
-    if hidden:
-        sys.modules["kernels"] = None  # an import of `kernels` now raises ImportError
-    try:
-        import bitsandbytes
-    finally:
-        if hidden:
-            del sys.modules["kernels"]
-    return bitsandbytes
 
 
 def _rss() -> int:
@@ -126,14 +109,16 @@ def child(config: str, args: argparse.Namespace) -> dict:
     """One configuration in this (fresh) process; returns its figures."""
     import warnings
 
+    import peft
     import torch
     import transformers
-
-    _import_bitsandbytes()
-    import peft
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
     from entrypoint.training.memory import PeakMemory
+    from entrypoint.training.quantize import bitsandbytes_version, load_quantized, prepare_for_training
+    from jobspec.schema import Quantization
+
+    bitsandbytes_version()  # imported in all three configurations, so that the RSS before loading matches
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()  # keeps stderr short, for the parent to print on failure
@@ -143,41 +128,20 @@ def child(config: str, args: argparse.Namespace) -> dict:
     cpu = torch.device("cpu")
     before = _rss()
 
-    quantization = {
-        "fp32": None,
-        "int8": BitsAndBytesConfig(load_in_8bit=True),
-        "nf4": BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.float32,
-        ),
-    }[config]
+    # rentune's own loading (entrypoint/training/quantize.py): bitsandbytes imported quietly, the 4-bit
+    # layers pinned to the path every CPU takes, the unquantized weights in fp32 (prepare_for_training)
+    quantization = {"fp32": None, "int8": Quantization(bits=8), "nf4": Quantization(bits=4, quant_type="nf4")}[config]
     started = time.perf_counter()
     with PeakMemory(cpu) as load:
         if quantization is None:
             model = AutoModelForCausalLM.from_pretrained(args.model, use_safetensors=True, dtype=torch.float32)
         else:
-            model = AutoModelForCausalLM.from_pretrained(
-                args.model,
-                use_safetensors=True,
-                dtype=torch.float32,
-                quantization_config=quantization,
-                device_map="cpu",
-            )
-            for module in model.modules():  # the AVX512-BF16 repacking path: see the module docstring
-                if hasattr(module, "support_avx512bf16_for_cpu"):
-                    module.support_avx512bf16_for_cpu = False
+            model = load_quantized(AutoModelForCausalLM, args.model, quantization, "fp32", cpu, use_safetensors=True)
+            model = prepare_for_training(model)
         load_seconds = time.perf_counter() - started
         model.config.use_cache = False  # training: no KV cache
-        checkpointing = {"use_reentrant": False}
-        if quantization is None:
-            if args.checkpointing:
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing)
-        else:
-            model = peft.prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=args.checkpointing, gradient_checkpointing_kwargs=checkpointing
-            )
+        if args.checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         weights, constants = _weight_bytes(model)
         torch.manual_seed(args.seed)  # the same LoRA initialisation in every configuration
         lora = peft.LoraConfig(

@@ -290,6 +290,8 @@ def merge_later(
     spec = with_locations(loaded.spec, moved)
     ctx = PhaseContext(spec, loaded.sha256, store, (workdir / job_id).resolve(), log, store_args(root, job_id, moved))
     match_base_model(store, spec, ctx.model_dir, record=False)  # another base: exit 3, nothing written
+    if spec.adaptation.quantization is not None:  # re-quantizes the base: bitsandbytes and the device needed
+        preflight(spec.training, spec.model, None, quantized=True)
     trial_id = binding["trial_id"]
     kept = adapter_files(binding["files"])
     write_binding(ctx, trial_id, kept)  # first no merged folder listed, then none stored, then the new one

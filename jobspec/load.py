@@ -219,6 +219,11 @@ def _quantization_errors(spec: JobSpec) -> list[str]:
             "parameters, and bitsandbytes' quantized weights cannot be partitioned)"
         )
     for i, experiment in enumerate(spec.experiments):
+        if experiment.adaptation.get("method", "lora") != "lora":
+            errors.append(
+                f"experiments.{i}.adaptation.method: expected lora with adaptation.quantization (a quantized base "
+                "cannot be trained in full)"
+            )
         if "quantization" in experiment.adaptation:
             errors.append(
                 f"experiments.{i}.adaptation.quantization: expected the spec's own (every trial and the baseline "

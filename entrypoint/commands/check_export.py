@@ -24,7 +24,13 @@ from entrypoint.commands.exits import Refused, exits
     is_flag=True,
     help="Accept a merged folder that failed its parity check against the adapter (BINDING.json: merged).",
 )
-def check_export(directory: Path, base: Path, allow_parity_failure: bool) -> None:
+@click.option(
+    "--requantize",
+    type=click.Choice(["cpu", "cuda"]),
+    help="QLoRA exports: quantize BASE on this device as BINDING.json records and compare the quantized "
+    "sha256 (it matches on the image and device kind the job trained on).",
+)
+def check_export(directory: Path, base: Path, allow_parity_failure: bool, requantize: str | None) -> None:
     """Check that DIRECTORY (an export: BINDING.json, adapter/, merged/, spec and report) is intact and
     belongs to the base model in BASE.
 
@@ -34,7 +40,7 @@ def check_export(directory: Path, base: Path, allow_parity_failure: bool) -> Non
     from entrypoint.report.binding import check_export as check
 
     with exits():
-        binding, problems = check(directory, base, allow_parity_failure)
+        binding, problems = check(directory, base, allow_parity_failure, requantize)
         if problems:
             raise Refused(*(f"rentune: refused: {line}" for line in problems))
         merged = binding.get("merged") or {}
@@ -43,6 +49,10 @@ def check_export(directory: Path, base: Path, allow_parity_failure: bool) -> Non
             state = f"merged/ parity {merged['parity']}" + ("" if there else " (merged/ not here: its files unchecked)")
         else:
             state = "no merged folder"
+        quantized = binding.get("quantization")
+        if quantized:
+            checked = f"sha256 {quantized['sha256'][:16]}... reproduced" if requantize else "--requantize checks it"
+            state += f"; trained on the base quantized to {quantized['bits']} bits ({checked})"
         click.echo(
             f"OK {directory}: {len(binding['files'])} files intact; trial {binding['trial_id']} of job "
             f"{binding['job_id']} belongs to {base} (sha256 {binding['base_model']['sha256'][:16]}...); {state}"

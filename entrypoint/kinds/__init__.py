@@ -35,12 +35,12 @@ AGREEMENT = 0.99  # a merged classifier answers as its adapter on at least this 
 def kind_for(
     spec: JobSpec,
     log: Callable[[str], None] | None = None,
-    recorded_quantization: Callable[[], dict | None] | None = None,
+    read_quantization_record: Callable[[], dict | None] | None = None,
 ) -> Kind:
     """The kind of job `spec` describes: images -> image classifier; format and extraction tasks generate
     text -> causal LM; classification of text -> text classifier. `log`: where the model side reports as
-    it goes (generation throughput). `recorded_quantization`: QLoRA's quantized-base record of the job
-    (base_model.json), which the causal LM's quantized loads must reproduce."""
+    it goes (generation throughput). `read_quantization_record`: reads QLoRA's quantized-base record of
+    the job (base_model.json), which the causal LM's quantized loads must reproduce."""
     from entrypoint.kinds.classification import Classification
     from entrypoint.kinds.extraction import Extraction
     from entrypoint.kinds.format import Format
@@ -58,7 +58,7 @@ def kind_for(
     if spec.generates:  # format and extraction tasks on text
         from entrypoint.kinds.causal_lm import CausalLM
 
-        model = CausalLM(spec, log, recorded_quantization)
+        model = CausalLM(spec, log, read_quantization_record)
         serving = Serving(model.scores, stop_tokens=model.stop_tokens, agreement=None)
         return Kind(
             "causal_lm", TextData(spec, model.fields(), model), model, task, stores_tokens=True, serving=serving

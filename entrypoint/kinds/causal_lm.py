@@ -38,12 +38,12 @@ class CausalLM:
         self,
         spec: JobSpec,
         log: Callable[[str], None] | None = None,
-        recorded_quantization: Callable[[], dict | None] | None = None,
+        read_quantization_record: Callable[[], dict | None] | None = None,
     ):
         self.spec = spec
-        # QLoRA: the quantized base's record in base_model.json (training/quantize.py), which every quantized
-        # load must reproduce; None where no job store is at hand (nothing to compare with)
-        self.recorded_quantization = recorded_quantization
+        # QLoRA: reads the quantized base's record in base_model.json (training/quantize.py), which every
+        # quantized load must reproduce; None where no job store is at hand (nothing to compare with)
+        self.read_quantization_record = read_quantization_record
         attn = spec.model.attn_implementation  # auto: transformers' own choice for the model
         self.loading = {**SAFE_LOADING, **({} if attn == "auto" else {"attn_implementation": attn})}
         self._templates: dict[int, ChatTemplate] = {}  # per tokenizer object
@@ -155,19 +155,22 @@ class CausalLM:
             return load_adapter(self._base(folder, adaptation), trained)
         if adaptation.quantization is None:
             model, info = AutoModelForCausalLM.from_pretrained(folder, **self.loading, output_loading_info=True)
-        else:  # a quantized base loads every weight or fails: nothing is missing
-            model, info = prepare_for_training(self._base(folder, adaptation)), {"missing_keys": []}
+        else:
+            model = self._base(folder, adaptation)
+            info = model.rentune_loading_info
         return adapt(model, info, folder, adaptation, task_type="CAUSAL_LM")
 
     def _base(self, folder: Path, adaptation: Adaptation):
         """The base model as the job trains on it: as saved, or (QLoRA) quantized on the job's device to the
-        bytes recorded at the job's first use of it."""
+        bytes recorded at the job's first use of it and prepared as training prepares it (norms and
+        embeddings in fp32), for training and evaluation alike."""
         from transformers import AutoModelForCausalLM
 
         if adaptation.quantization is None:
             return AutoModelForCausalLM.from_pretrained(folder, **self.loading)
-        recorded = self.recorded_quantization() if self.recorded_quantization is not None else None
-        return quantized_base(self.spec, folder, adaptation.quantization, recorded, **self.loading)
+        recorded = self.read_quantization_record() if self.read_quantization_record is not None else None
+        model = quantized_base(self.spec, folder, adaptation.quantization, recorded, **self.loading)
+        return prepare_for_training(model)
 
     def predict(self, model, processor, rows: Sequence[dict], labels: Sequence[str], device) -> list[str]:
         from entrypoint.evaluation.generate import generate_responses
@@ -223,6 +226,8 @@ class CausalLM:
         return Baseline(self.predict(model, processor, rows, labels, device), method)
 
     def settings(self) -> dict:
+        """What besides the task decides a measurement: decoding and prompt (_settings), and with QLoRA the
+        model that answers."""
         quantization = self.spec.adaptation.quantization
         if quantization is None:
             return self._settings()

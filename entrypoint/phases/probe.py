@@ -327,18 +327,20 @@ def _against_unquantized(ctx: PhaseContext, labels, batch: dict) -> dict:
     and activations, which is what quantization saves. The unquantized one is left out where its weights
     would take more than half the memory free for them (on a GPU that is often why QLoRA was chosen)."""
     spec, device = ctx.spec, ctx.device
-    weights = sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors"))
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
+    files = sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors"))
+    free = psutil.virtual_memory().available  # from_pretrained reads the weights into host memory first
+    if device.type == "cuda":
+        free = min(free, torch.cuda.mem_get_info(device)[0])
     measure = (
         "the allocator's peak during a step above what was held before the model loaded"
         if device.type == "cuda"
         else "the model's tensors (counted) + a step's peak RSS above the RSS before it"
     )
-    out = {"measure": measure, "weight_files_bytes": weights}
+    out = {"measure": measure, "weight_files_bytes": files}
     plain = spec.adaptation.model_copy(update={"quantization": None})
     for name, adaptation in (("quantized", spec.adaptation), ("unquantized", plain)):
-        if name == "unquantized" and 2 * weights > free:
-            out[name] = {"skipped": f"the weight files take {weights / 2**30:.1f} GiB, half of the free memory is less"}
+        if name == "unquantized" and 2 * files > free:
+            out[name] = {"skipped": f"the weight files take {files / 2**30:.1f} GiB, half of the free memory is less"}
             continue
         _free(ctx)
         torch.manual_seed(spec.training.seed)

@@ -21,13 +21,16 @@ TEMPLATE_FILE = "adapter/chat_template.jinja"  # chat jobs: the template the tok
 KWARGS_FILE = "adapter/chat_template_kwargs.json"  # chat jobs: data.chat_template_kwargs, when any
 
 
-def check_export(directory: Path, base: Path, allow_parity_failure: bool = False) -> tuple[StoredObject, list[str]]:
+def check_export(
+    directory: Path, base: Path, allow_parity_failure: bool = False, requantize: str | None = None
+) -> tuple[StoredObject, list[str]]:
     """Check an export folder against its BINDING.json: every file it lists is there with its size and
     sha256 (those of merged/ only when that folder is there), no file under adapter/ or merged/ is
     unlisted, the merged folder (if any) passed its parity check (unless `allow_parity_failure`), and
     `base` hashes to the bound base model. Returns the binding and the problems found (none: the export is
-    intact and belongs to `base`). Raises CorruptObject when BINDING.json is unreadable or lacks what this
-    check needs."""
+    intact and belongs to `base`). A QLoRA export (BINDING.json's `quantization`) with `requantize` (a
+    device: cpu, cuda) also has `base` quantized there as recorded and its sha256 compared. Raises
+    CorruptObject when BINDING.json is unreadable or lacks what this check needs."""
     where = directory / "BINDING.json"
     try:
         binding = loads_object(where.read_bytes(), str(where))
@@ -67,7 +70,32 @@ def check_export(directory: Path, base: Path, allow_parity_failure: bool = False
             f"{base}: base model sha256 {actual.sha256[:16]} differs from BINDING.json's {expected['sha256'][:16]}; "
             f"files that differ: {', '.join(differ)}"
         )
+    if requantize and binding.get("quantization") and not problems:
+        problems += _quantized_problems(base, binding["quantization"], requantize, binding["job_id"])
     return binding, problems
+
+
+def _quantized_problems(base: Path, recorded: dict, device: str, job_id: str) -> list[str]:
+    """`base` quantized on `device` with the recorded settings: a different sha256 is a problem naming the
+    settings and builds that differ (training/quantize.py: check_quantized)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from entrypoint.store.models import ModelMismatch
+    from entrypoint.training.model import SAFE_LOADING
+    from entrypoint.training.quantize import check_quantized, load_quantized
+    from jobspec.schema import Quantization
+
+    fields = (
+        ("bits", "compute_dtype") if recorded["bits"] == 8 else ("bits", "quant_type", "double_quant", "compute_dtype")
+    )
+    settings = Quantization.model_construct(**{k: recorded[k] for k in fields})
+    model = load_quantized(AutoModelForCausalLM, base, settings, "fp32", torch.device(device), **SAFE_LOADING)
+    try:
+        check_quantized(recorded, model.rentune_quantized, job_id)
+    except ModelMismatch as exc:
+        return [f"{base}: {exc}"]
+    return []
 
 
 def _chat_problems(directory: Path, binding: StoredObject) -> list[str]:

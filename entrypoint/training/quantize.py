@@ -52,9 +52,9 @@ def bitsandbytes_version() -> str:
     """Import bitsandbytes once, quietly: rentune's processes hide it (entrypoint/__init__.py), and its CPU
     backend would otherwise try to fetch a kernel from a hub (code rentune never runs: `kernels` is hidden
     during the import) and log the failure on every start."""
-    if "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None:
+    hidden_until_now = "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None
+    if hidden_until_now:
         del sys.modules["bitsandbytes"]
-        _forget_absence()
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     # On CPU every 8-bit matmul says its fp32 inputs are cast to fp16: true, and said once in docs/qlora.md.
     warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast")
@@ -67,6 +67,8 @@ def bitsandbytes_version() -> str:
             del sys.modules["kernels"]
         else:
             sys.modules["kernels"] = hidden
+    if hidden_until_now:
+        _forget_absence()
     return bitsandbytes.__version__
 
 
@@ -118,15 +120,17 @@ def load_quantized(model_class, folder: Path, quantization: Quantization, precis
     """`model_class.from_pretrained(folder)` with its weights quantized on `device` as `quantization` says,
     every Linear4bit pinned to the path every CPU takes (module docstring)."""
     bitsandbytes_version()
-    model = model_class.from_pretrained(
+    model, info = model_class.from_pretrained(
         folder,
         quantization_config=_config(quantization, precision),
         device_map=_placement(torch.device(device)),
         dtype=compute_dtype(quantization, precision),  # the weights left unquantized (norms, embeddings)
+        output_loading_info=True,
         **loading,
     )
     pinned = _pin_cpu_path(model)
     model.rentune_quantized = quantization_record(quantization, precision, quantized_sha256(model), pinned)
+    model.rentune_loading_info = info  # missing weights are filled at random, not refused: the caller checks
     return model
 
 
@@ -143,10 +147,10 @@ def quantization_record(quantization: Quantization, precision: str, sha256: str,
     """What base_model.json and BINDING.json say of a quantized base: its settings as resolved, the builds
     that quantized it and the sha256 of the result."""
     settings = quantization.model_dump()
-    if quantization.bits == 4:
-        settings["compute_dtype"] = str(compute_dtype(quantization, precision)).removeprefix("torch.")
-    else:
-        settings = {"bits": 8}
+    # 4-bit: the matmuls' dtype; both: the dtype of the weights left unquantized (norms, embeddings)
+    settings["compute_dtype"] = str(compute_dtype(quantization, precision)).removeprefix("torch.")
+    if quantization.bits == 8:
+        settings = {"bits": 8, "compute_dtype": settings["compute_dtype"]}
     return {
         **settings,
         "sha256": sha256,
@@ -247,9 +251,10 @@ def check_quantized(recorded: dict | None, mine: dict, job_id: str) -> None:
 
 def dequantized(model: torch.nn.Module) -> torch.nn.Module:
     """The quantized base with every quantized layer replaced by a plain Linear holding its dequantized
-    weights (transformers' `dequantize`), in fp32: the weights the adapter was trained against, which a
-    merge into them reproduces."""
-    model = model.dequantize()
+    weights (transformers' `dequantize`): dequantized in the compute dtype, as every forward pass does, then
+    held in fp32. These are the weights the adapter was trained against, which a merge into them
+    reproduces. The whole model is held in fp32 on its device while it is merged."""
+    model = model.dequantize(dtype=torch.float32)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model.to(torch.float32)

@@ -161,12 +161,13 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     adaptation = trial_adaptation(ctx.read_json(trial_result_key(trial_id)))
     quantization = adaptation.quantization
     merge_base = (ctx.spec.export.merge_base or "dequantized") if quantization is not None else "original"
+    # Why the merge cannot stream over the base's shards; None when it can
     if merge_base == "dequantized":
-        refusal = "QLoRA: merged into the quantized base dequantized (export.merge_base)"
+        in_memory = "QLoRA: merged into the quantized base dequantized (export.merge_base)"
     else:
-        refusal = stream_refusal(ctx.model_dir, adapter) if adaptation.method == "lora" else "a full fine-tune"
+        in_memory = stream_refusal(ctx.model_dir, adapter) if adaptation.method == "lora" else "a full fine-tune"
     with ctx.timed("merge"):
-        if refusal is None:
+        if in_memory is None:
             how = merge_streamed(ctx.model_dir, adapter, out, dtype, ctx.log)
         else:
             if merge_base == "dequantized":  # the weights the adapter was trained against, as fp32
@@ -174,9 +175,10 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
                     ctx.spec, ctx.model_dir, quantization, ctx.recorded_quantization(), **SAFE_LOADING
                 )
                 model = load_adapter(dequantized(base), adapter)
-            else:
-                model = side.load(ctx.model_dir, labels, adaptation, trained=adapter)
-            how = {**merge_loaded(model, out, dtype), "why_in_memory": refusal}
+            else:  # the original base, never the quantized one (QLoRA with merge_base: original)
+                original = adaptation.model_copy(update={"quantization": None})
+                model = side.load(ctx.model_dir, labels, original, trained=adapter)
+            how = {**merge_loaded(model, out, dtype), "why_in_memory": in_memory}
             del model
         if quantization is not None:
             how["merge_base"] = merge_base

@@ -12,6 +12,7 @@ the probe compares: about 27 MB in fp32 against about 4 MB in 4-bit.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -106,12 +107,23 @@ def test_a_4bit_job_trains_checks_its_frozen_quantized_tensors_and_exports_a_mer
     assert all(parity["equal_per_example"]) and parity["largest_logit_difference"] < 1e-4, parity
     trial = [json.loads(line)["output"] for line in (four_bit / "trials/main/eval/predictions.jsonl").open()]
     assert parity["outputs"]["merged"] == trial  # the merged model's greedy answers are the trial's own
-    checked = rentune("check-export", str(four_bit / "export"), "--base", str(wide_model), cwd=tmp_path)
+    checked = rentune("check-export", str(four_bit / "export"), "--base", str(wide_model), "--requantize", "cpu")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"quantized to 4 bits (sha256 {quantized['sha256'][:16]}... reproduced)" in checked.stdout
+    # BINDING.json saying other quantized bytes: the re-quantized base does not match it.
+    copy = tmp_path / "export"
+    shutil.copytree(four_bit / "export", copy)
+    (copy / "BINDING.json").write_text(json.dumps({**binding, "quantization": {**quantized, "sha256": "0" * 64}}))
+    refused = rentune("check-export", str(copy), "--base", str(wide_model), "--requantize", "cpu")
+    assert refused.returncode == 2 and "not to the 0000000000000000... job qlora4 was trained" in refused.stderr, (
+        refused.stderr
+    )
 
 
-def test_8bit_job_runs_every_phase_with_its_int8_weights_and_scales_frozen(tmp_path, wide_model):
+def test_8bit_job_runs_every_phase_and_measures_a_merge_into_the_original_base(tmp_path, wide_model):
     spec = _qlora_spec(tmp_path, wide_model, 8, f"file://{tmp_path / 'store'}")
+    written = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**written, "export": {"merge_base": "original"}}))
     done = rentune("run", str(spec), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     job = _job(tmp_path, 8)
@@ -122,7 +134,13 @@ def test_8bit_job_runs_every_phase_with_its_int8_weights_and_scales_frozen(tmp_p
     losses = json.loads((job / "trials/main/result.json").read_text())["losses"]
     assert losses[-1]["loss"] < losses[0]["loss"], losses
     binding = json.loads((job / "export/BINDING.json").read_text())
-    assert binding["quantization"]["bits"] == 8 and binding["merged"]["parity"] == "ok"
+    assert binding["quantization"]["bits"] == 8 and binding["quantization"]["compute_dtype"] == "float32"
+    # Merged into the full-precision base: its difference from the 8-bit base + adapter is measured and said.
+    merged = binding["merged"]
+    assert merged["merge_base"] == "original" and merged["method"] == "streamed"
+    assert merged["largest_logit_difference"] > 0 and merged["parity"] in ("ok", "failed")
+    serving = (job / "export/report.md").read_text()
+    assert "into the original base" in serving and f"{merged['equal_outputs']} eval answers identical" in serving
     assert "MatMul8bitLt" not in done.stdout + done.stderr and "kernels-community" not in done.stdout + done.stderr
 
 
@@ -131,6 +149,8 @@ def test_sigkill_then_a_node_that_quantizes_differently_is_refused_and_a_matchin
 ):
     bucket = create_bucket(s3_server)
     spec = _qlora_spec(tmp_path, wide_model, 4, f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path")
+    written = yaml.safe_load(spec.read_text())  # the same training as the reference; no merge (tested above)
+    spec.write_text(yaml.safe_dump({**written, "export": {"merged": False}}))
     job = PrefixedStore(
         S3Store.from_uri(f"s3://{bucket}/runs", endpoint_url=s3_server, addressing_style="path"), "jobs/qlora4"
     )
@@ -142,7 +162,6 @@ def test_sigkill_then_a_node_that_quantizes_differently_is_refused_and_a_matchin
     # The job's record says its base was quantized to other bytes (fp4, as another node's stack might):
     # a fresh node re-quantizing with nf4 must refuse rather than train the adapter on another base.
     recorded = json.loads(job.get_bytes("base_model.json"))
-    written = yaml.safe_load(spec.read_text())
     written["adaptation"]["quantization"]["quant_type"] = "fp4"
     other = load(written).spec
     fp4 = quantized_base(other, wide_model, other.adaptation.quantization, None).rentune_quantized

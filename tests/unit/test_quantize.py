@@ -82,15 +82,36 @@ def test_the_parameter_check_sees_a_quantization_state_that_moved(llama):
         check.after_update(model, 1)
 
 
+def test_the_parameter_check_sees_an_int8_scale_that_moved(llama):
+    from entrypoint.training.model import adapt
+    from entrypoint.training.quantize import prepare_for_training
+
+    adaptation = Adaptation(rank=4, target_modules=["q_proj", "v_proj"], quantization=Quantization(bits=8))
+    model = adapt(prepare_for_training(_load(llama, bits=8)), {"missing_keys": []}, llama, adaptation, "CAUSAL_LM")
+    check = ParameterCheck(model, "lora")
+    for param in model.parameters():
+        if param.requires_grad:
+            param.data.add_(0.01)
+    layer = model.base_model.model.model.layers[0].mlp.down_proj
+    scales = layer.weight.SCB if layer.weight.SCB is not None else layer.state.SCB
+    scales.view(torch.uint8)[0] ^= 1
+    with pytest.raises(ParameterCheckError, match=r"layers\.0\.mlp\.down_proj\.SCB"):
+        check.after_update(model, 1)
+
+
 def test_bitsandbytes_stays_unimported_until_a_qlora_load_asks_for_it_and_peft_then_wraps_its_layers(llama):
+    """As `rentune worker` may: a LoRA job first (peft looks for bitsandbytes and caches its absence), then
+    a QLoRA job in the same process."""
     script = textwrap.dedent(
         f"""
         import sys
         import torch
         import entrypoint
         from peft import LoraConfig, get_peft_model
-        assert sys.modules.get("bitsandbytes") is None, "imported by peft"
         from transformers import AutoModelForCausalLM
+        base = AutoModelForCausalLM.from_pretrained({str(llama)!r})
+        plain = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
+        assert sys.modules.get("bitsandbytes") is None, "imported by peft"
         from entrypoint.training.quantize import load_quantized
         from jobspec.schema import Quantization
         model = load_quantized(AutoModelForCausalLM, {str(llama)!r}, Quantization(bits=8), "fp32", torch.device("cpu"))

@@ -143,6 +143,14 @@ BAD_SPECS += [
     ),
     ("merge-base-alone", _with("export", {"merge_base": "original"}, _EXTRACT), "export.merge_base", "quantization"),
     (
+        "qlora-full-variant",
+        _with(
+            "experiments", [{**_VARIANT, "changes": ["adaptation.method"], "adaptation": {"method": "full"}}], _QLORA
+        ),
+        "experiments.0.adaptation.method",
+        "expected lora",
+    ),
+    (
         "qlora-variant",
         _with("experiments", [_VARIANT], _QLORA),
         "experiments.0.adaptation.quantization",
