@@ -30,8 +30,10 @@ model with the trial's own settings (entrypoint/job/plan.py reads it):
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import math
+import multiprocessing
 import random
 import shutil
 import statistics
@@ -323,53 +325,80 @@ def _checkpoint_cost(ctx: PhaseContext, model, optimizer) -> dict:
 
 def _against_unquantized(ctx: PhaseContext, labels, batch: dict) -> dict:
     """QLoRA: the plain step's memory with the quantized base and with the same base unquantized (the same
-    LoRA, batch and optimizer): the model as it stays in memory plus the step's gradients, optimizer state
-    and activations, which is what quantization saves. The unquantized one is left out where its weights
-    would take more than half the memory free for them (on a GPU that is often why QLoRA was chosen)."""
+    LoRA, batch and optimizer): the peak during a step above what was held before its model loaded, that is
+    the model as it stays in memory plus the step's gradients, optimizer state and activations. On a GPU
+    the allocator's figures, in this process. On CPU each is measured in a fresh process: the RSS of this
+    one keeps what earlier steps freed, which would make whichever is measured first look smaller. The
+    unquantized one is left out where its weight files would take more than half the memory free for them
+    (on a GPU that is often why QLoRA was chosen)."""
     spec, device = ctx.spec, ctx.device
     files = sum(path.stat().st_size for path in ctx.model_dir.rglob("*.safetensors"))
     free = psutil.virtual_memory().available  # from_pretrained reads the weights into host memory first
     if device.type == "cuda":
         free = min(free, torch.cuda.mem_get_info(device)[0])
-    measure = (
-        "the allocator's peak during a step above what was held before the model loaded"
-        if device.type == "cuda"
-        else "the model's tensors (counted) + a step's peak RSS above the RSS before it"
-    )
-    out = {"measure": measure, "weight_files_bytes": files}
+    where = "the allocator's, in the probe's process" if device.type == "cuda" else "process RSS, a fresh process each"
+    out = {"measure": f"a step's peak above the memory held before its model loaded ({where})"}
+    out["weight_files_bytes"] = files
     plain = spec.adaptation.model_copy(update={"quantization": None})
     for name, adaptation in (("quantized", spec.adaptation), ("unquantized", plain)):
         if name == "unquantized" and 2 * files > free:
             out[name] = {"skipped": f"the weight files take {files / 2**30:.1f} GiB, half of the free memory is less"}
             continue
         _free(ctx)
-        torch.manual_seed(spec.training.seed)
-        before = _held(device)
-        try:
-            model = ctx.kind.model.load(ctx.model_dir, labels, adaptation).to(device)
-            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-            _free(ctx)  # what loading needed only for a while (the unquantized weights being quantized)
-            with PeakMemory(device) as peak:
-                measured_step(model, [batch], ctx.kind.task.loss, False, optimizer, device, ctx.precision)
-            weights = _weights_bytes(model)
-            # a GPU allocator's peak is exact; on CPU freed memory stays with the process, and the RSS
-            # would hide the difference: the model's tensors are counted, the step's increase measured
-            held = peak.peak - before if device.type == "cuda" else weights + max(0, peak.peak - peak.start)
-            out[name] = {"peak_bytes": held, "weights_bytes": weights, "step_bytes": peak.peak - peak.start}
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            out[name] = {"oom": True}
-        model = optimizer = None
+        if device.type == "cuda":
+            out[name] = _step_memory(ctx.kind, ctx.model_dir, labels, adaptation, batch, device, ctx.precision)
+        else:
+            spawn = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as fresh:
+                args = (spec, ctx.model_dir, labels, adaptation, batch, device, ctx.precision)
+                out[name] = fresh.submit(_fresh_step_memory, *args).result()
     _free(ctx)
     q, u = out["quantized"].get("peak_bytes"), out["unquantized"].get("peak_bytes")
     out["saved_share"] = 1 - q / u if q and u else None
-    if q and u:
+    if q is not None and u is not None:
+        weights = [out[name]["weights_bytes"] / 2**20 for name in ("quantized", "unquantized")]
         ctx.log(
-            f"probe: {spec.adaptation.quantization.bits}-bit base: {q / 2**20:.0f} MiB for load and step against "
-            f"{u / 2**20:.0f} MiB unquantized ({out['saved_share']:.0%} less)"
+            f"probe: {spec.adaptation.quantization.bits}-bit base: a step holds {q / 2**20:,.0f} MiB against "
+            f"{u / 2**20:,.0f} MiB unquantized ({_less_or_more(out['saved_share'])}; weights {weights[0]:,.1f} against "
+            f"{weights[1]:,.1f} MiB)"
         )
     return out
+
+
+def _less_or_more(share: float) -> str:
+    return f"{share:.0%} less" if share >= 0 else f"{-share:.0%} more"
+
+
+def _fresh_step_memory(spec, model_dir, labels, adaptation, batch, device, precision) -> dict:
+    """_step_memory in a process of its own (spawned: nothing held before the model loads)."""
+    from entrypoint.kinds import kind_for
+    from entrypoint.training.environment import quiet_libraries
+
+    quiet_libraries()
+    return _step_memory(kind_for(spec), model_dir, labels, adaptation, batch, device, precision)
+
+
+def _step_memory(kind, model_dir, labels, adaptation, batch, device, precision) -> dict:
+    """The base loaded with `adaptation`, one plain step on `batch`: the step's peak above what was held
+    before the load, the model's tensors, and the step's own increase; {"oom": True} if it does not fit."""
+    gc.collect()
+    torch.manual_seed(1234)
+    before = _held(device)
+    try:
+        model = kind.model.load(model_dir, labels, adaptation).to(device)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        gc.collect()  # what loading needed only for a while (the unquantized weights being quantized)
+        with PeakMemory(device) as peak:
+            measured_step(model, [batch], kind.task.loss, False, optimizer, device, precision)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        return {"oom": True}
+    return {
+        "peak_bytes": peak.peak - before,
+        "weights_bytes": _weights_bytes(model),
+        "step_bytes": peak.peak - peak.start,
+    }
 
 
 def _held(device: torch.device) -> int:

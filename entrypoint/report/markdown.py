@@ -306,10 +306,11 @@ def _quantization_lines(quantization: dict) -> list[str]:
             else:
                 cells.append("did not fit" if m.get("oom") else m.get("skipped", "-"))
         share = memory.get("saved_share")
+        change = "" if share is None else f"; {share:.0%} less" if share >= 0 else f"; {-share:.0%} more"
         lines += [
             "",
             f"Probe, one step at the spec's microbatch ({memory['measure']}): quantized {cells[0]}; unquantized "
-            f"{cells[1]}" + (f"; {share:.0%} less." if share is not None else "."),
+            f"{cells[1]}{change}.",
         ]
     return lines
 
