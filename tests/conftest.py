@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "integration/test_model_in_bucket.py",
     "integration/test_end_to_end.py",
     "integration/test_resume.py",
+    "integration/test_qlora.py",
     "integration/test_kill_every_phase.py",
     "integration/test_trials_and_report.py",
     "integration/test_background_commits.py",

@@ -18,12 +18,12 @@ def _environment(env: dict[str, str] | None) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
 
 
-def start_run(spec: Path, workdir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`rentune run SPEC --workdir WORKDIR` started from WORKDIR's parent (WORKDIR is created); its output
-    and errors come line by line, as text, from `proc.stdout`."""
+def start_run(spec: Path, workdir: Path, env: dict[str, str] | None = None, *args: str) -> subprocess.Popen:
+    """`rentune run SPEC --workdir WORKDIR [ARGS...]` started from WORKDIR's parent (WORKDIR is created); its
+    output and errors come line by line, as text, from `proc.stdout`."""
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [RENTUNE, "run", str(spec), "--workdir", str(workdir)],
+        [RENTUNE, "run", str(spec), "--workdir", str(workdir), *args],
         cwd=workdir.parent,
         env=_environment(env),
         stdout=subprocess.PIPE,
