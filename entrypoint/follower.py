@@ -28,6 +28,7 @@ from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.launches import attempt_ended, newest_launch
 from entrypoint.job.state import continue_spec, job_store, phase_result_key, stored_spec, trial_result_key
+from entrypoint.notices import watching_notices
 from entrypoint.runner import locations_args
 from entrypoint.store import Store
 from entrypoint.training.distributed import run_torchrun, torchrun_command
@@ -68,7 +69,8 @@ def follow_lead(
     stop: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     try:
-        _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop, loaded)
+        with watching_notices(log):  # a provider's interruption notice takes the SIGTERM path
+            _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop, loaded)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -25,6 +25,7 @@ from entrypoint.errors import Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
+from entrypoint.notices import watching_notices
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
@@ -165,21 +166,22 @@ def run_job(
     try:
         preflight(spec.training, spec.model, spec.tracking, spec.adaptation.quantization is not None)
         model_checked = False
-        for name, phase in PHASES:
-            if store.head(phase_result_key(name)) is not None:
-                log(f"{name}: already committed, skipping")
-                skipped.append(name)
-            else:
-                outcome["phase"] = name
-                if name != "data" and not model_checked:  # before the first phase here that uses the model
-                    check_base_model(ctx)
-                    model_checked = True
-                _run_phase(ctx, name, phase)
-                ran.append(name)
-            if name == "baseline":
-                check_power(ctx)
-            if name == until:
-                break
+        with watching_notices(log):  # a provider's interruption notice takes the SIGTERM path
+            for name, phase in PHASES:
+                if store.head(phase_result_key(name)) is not None:
+                    log(f"{name}: already committed, skipping")
+                    skipped.append(name)
+                else:
+                    outcome["phase"] = name
+                    if name != "data" and not model_checked:  # before the first phase here that uses the model
+                        check_base_model(ctx)
+                        model_checked = True
+                    _run_phase(ctx, name, phase)
+                    ran.append(name)
+                if name == "baseline":
+                    check_power(ctx)
+                if name == until:
+                    break
         outcome = {"outcome": "completed", "phase": None}
     except BaseException as exc:
         outcome["outcome"] = "interrupted" if isinstance(exc, Interrupted) else "error"

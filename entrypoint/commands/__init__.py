@@ -33,7 +33,11 @@ The environment variables rentune reads, and where:
     LOCAL_RANK, RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
                                    set by torchrun for the training ranks (training/distributed.py,
                                    training/trainer.py)
-    RENTUNE_IMAGE_DIGEST           recorded with each attempt's environment (training/environment.py)
+    RENTUNE_IMAGE_DIGEST, RENTUNE_LOCK_FILE
+                                   the image and its dependency lock, recorded with each attempt's
+                                   environment (training/environment.py)
+    RENTUNE_INTERRUPTION_NOTICE, RENTUNE_METADATA_URL, RENTUNE_NOTICE_POLL_SECONDS
+                                   a cloud provider's interruption notices, polled beside the job (notices.py)
     WANDB_DIR                      the W&B run folder (tracking/wandb_runs.py); W&B and MLflow read their own
                                    variables (WANDB_API_KEY, WANDB_MODE, MLFLOW_TRACKING_URI, credentials)
     HF_HUB_OFFLINE, HF_HUB_CACHE   through huggingface_hub, for hub models (training/model.py)

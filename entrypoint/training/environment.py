@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
-__all__ = ["environment", "platform_summary", "quiet_libraries"]
+__all__ = ["environment", "lock_record", "platform_summary", "quiet_libraries"]
 
 _PACKAGES = (
     "transformers",
@@ -63,7 +66,41 @@ def environment() -> dict:
             info["nccl_or_rccl"] = None
         info["driver"] = _driver_version()
     info["image_digest"] = os.environ.get("RENTUNE_IMAGE_DIGEST")  # set by the container build, if known
+    info["lock"] = lock_record(os.environ.get("RENTUNE_LOCK_FILE"))
     return info
+
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_record(path: str | None) -> dict | None:
+    """The dependency lock this installation was built from (RENTUNE_LOCK_FILE, set by the images to their
+    copy of deploy/requirements.lock): its sha256, how many packages it pins and each one installed at
+    another version here (none in an image as built; `pip install` inside a container shows up here).
+    None outside an image."""
+    if not path:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return {"file": path, "error": str(exc)}
+    pins = {_canonical(m[1]): m[2] for m in map(_PIN.match, data.decode().splitlines()) if m}
+    installed = {
+        _canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions() if d.metadata["Name"]
+    }
+    differs = [
+        f"{n}: locked {v}, installed {installed.get(n, 'nothing')}" for n, v in pins.items() if installed.get(n) != v
+    ]
+    return {
+        "file": path,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "packages": len(pins),
+        "differs": sorted(differs),
+    }
 
 
 def platform_summary(env: dict) -> dict:

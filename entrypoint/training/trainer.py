@@ -172,6 +172,7 @@ class graceful_sigterm:
         self.requested = threading.Event()
         self.received_at: float | None = None
         self.watchdog: threading.Timer | None = None  # armed by the first SIGTERM; never disarmed in a run
+        self.steps_done: int | None = None  # optimizer steps completed, kept by the checkpoint callback
         self._previous = None
 
     def _handle(self, signum, frame) -> None:
@@ -179,7 +180,8 @@ class graceful_sigterm:
             return
         self.received_at = time.monotonic()
         self.requested.set()
-        self.log(f"train: SIGTERM received; finishing this step and committing within {self.grace_seconds:.0f} s")
+        during = f" during step {self.steps_done + 1}" if self.steps_done is not None else ""
+        self.log(f"train: SIGTERM received{during}; finishing it and committing within {self.grace_seconds:.0f} s")
         self.watchdog = threading.Timer(self.grace_seconds, self._expire)
         self.watchdog.daemon = True
         self.watchdog.start()
@@ -304,6 +306,8 @@ class StoreCheckpointCallback(TrainerCallback):
         end = state.global_step >= state.max_steps
         late = self.deadline is not None and self.clock() >= self.deadline
         stop = self.sigterm.requested.is_set() or late
+        # After the read above: a SIGTERM from here on is logged "during step N+1" and stops after step N+1.
+        self.sigterm.steps_done = state.global_step
         failing = self.committer.failing
         save = save or end or stop  # a stop always commits first
         full = self._room_problem(args, state.global_step) if save else None  # before torch writes a byte

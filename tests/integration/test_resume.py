@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from entrypoint.store import PrefixedStore, get_tree
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, find_latest, list_steps
 from entrypoint.store.s3 import S3Store
+from tests.metadata_server import FakeMetadata
 from tests.models import build_tiny_bert
 from tests.processes import start_run
 from tests.s3server import create_bucket
@@ -153,4 +155,52 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     assert result["losses"] == ref_losses and result["train_loss"] == ref_train_loss
     assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
     weights = _final_weights(job, tmp_path)
+    assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)
+
+
+def test_interruption_notice_commits_at_once_exits_143_and_resumes_exact(tmp_path, tiny_model, s3_server, reference):
+    """A provider's notice (AWS's spot/instance-action, from a fake metadata server on 127.0.0.1) raised
+    mid-training: the step in progress is finished and committed within 2 s of the notice, the process exits
+    143, and a fresh process on an empty work dir ends with the uninterrupted run's weights."""
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    prefix = checkpoint_prefix("main")
+    with FakeMetadata() as metadata:
+        env = {
+            "RENTUNE_INTERRUPTION_NOTICE": "aws",
+            "RENTUNE_METADATA_URL": metadata.url,
+            "RENTUNE_NOTICE_POLL_SECONDS": "0.2",
+        }
+        proc = start_run(spec, tmp_path / "node-a", env)
+        _wait_for_manifest(job, proc, EVERY)
+        metadata.raise_spot_notice(lead_seconds=120)
+        code, out = _finish(proc)
+    assert code == 143, out[-4000:]
+    assert f"notices: watching aws's interruption notices at {metadata.url} every 0.2 s" in out
+    assert "notices: interruption notice from aws spot/instance-action: terminate at " in out
+    assert " s ahead); stopping as on SIGTERM" in out
+    ended = json.loads(job.get_bytes("attempts/1/ended.json"))
+    assert ended["outcome"] == "interrupted" and ended["phase"] == "train"
+
+    # The step training was in when the notice arrived (k, from the log) is the one committed (or k + 1,
+    # when the signal lands between a step's end and its check), within 2 s of the notice.
+    during = int(out.split("train: SIGTERM received during step ")[1].split(";")[0])
+    newest = find_latest(job, prefix, tmp_path / "check", lambda m: None)
+    assert newest is not None and newest.step in (during, during + 1) and newest.step > EVERY, (during, newest)
+    manifest = json.loads(job.get_bytes(f"{prefix}/step-{newest.step:08d}/{MANIFEST}"))
+    took = manifest["committed_at"] - metadata.raised_at
+    print(f"notice raised -> step {newest.step} committed: {took:.2f} s (seen during step {during})", file=sys.stderr)
+    assert took <= 2.0, took
+    assert f"checkpoint: committed step {newest.step}" in out
+
+    # an empty work dir, no notices; the weights are the train phase's (the later phases: the tests above)
+    code, out = _finish(start_run(spec, tmp_path / "node-b", None, "--until", "train"))
+    assert code == 0, out[-4000:]
+    assert f"train: resuming from committed checkpoint step {newest.step}" in out
+    ref_weights, ref_losses, ref_train_loss = reference
+    result = json.loads(job.get_bytes("trials/main/result.json"))
+    assert result["losses"] == ref_losses and result["train_loss"] == ref_train_loss
+    weights = _final_weights(job, tmp_path)
+    assert weights.keys() == ref_weights.keys()
     assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)

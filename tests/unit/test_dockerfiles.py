@@ -147,21 +147,22 @@ def test_offline_and_tini_installed(dockerfile):
     assert installs_tini, f"{name}: no RUN installs tini"
 
 
-def test_pip_installs_the_project_and_keeps_the_base_torch(dockerfile):
+def test_pip_installs_the_lock_then_the_project_and_keeps_the_base_torch(dockerfile):
     name, instructions = dockerfile
     installs = _pip_installs(instructions)
-    # the dependencies with the distributed, tracking and qlora extras, constrained to the base's torch; then
-    # rentune
-    lists_deps = any(
-        words[words.index("image-requirements.py") + 1 :][:4] == ["pyproject.toml", "distributed", "tracking", "qlora"]
+    # the dependencies from the lock, every file checked against its sha256, nothing else resolved; then rentune
+    from_lock = [words for words in installs if "requirements.lock" in words]
+    assert from_lock, f"{name}: the dependencies are not installed from requirements.lock"
+    assert all({"--require-hashes", "--no-deps", "--requirement"} <= set(words) for words in from_lock), from_lock
+    checks = [
+        words
         for run in _args(instructions, "RUN")
         for words in _shell_commands(run)
-        if "image-requirements.py" in words
-    )
-    assert lists_deps, f"{name}: no `python image-requirements.py pyproject.toml distributed tracking qlora`"
-    assert any("--requirement" in words and "--constraint" in words for words in installs), (
-        f"{name}: the dependencies are not installed under a constraint"
-    )
+        if words[:2] == ["python", "lock.py"]
+    ]
+    assert ["python", "lock.py", "check", "requirements.lock"] in checks, f"{name}: the lock is not checked"
+    copied = " ".join(_args(instructions, "COPY"))
+    assert "deploy/requirements.lock" in copied and "deploy/lock.py" in copied
     assert any(words[-2:] == ["--no-deps", "."] for words in installs), f"{name}: no `pip install --no-deps .`"
     for words in installs:
         torch = [w for w in words if re.fullmatch(r"torch(\[.*\])?([<>=!~ ].*)?", w)]
@@ -219,19 +220,3 @@ def test_k8s_job_leaves_time_for_the_grace():
     pod = job["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > GRACE_SECONDS
     assert pod["securityContext"]["runAsNonRoot"] is True
-
-
-def test_image_requirements_are_pyprojects_dependencies_and_the_extra():
-    script = ROOT / "deploy/image-requirements.py"
-    listed = subprocess.run(
-        [sys.executable, str(script), str(ROOT / "pyproject.toml"), "distributed"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split("\n")  # fmt: skip
-    import tomllib
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert listed[:-1] == [*project["dependencies"], *project["optional-dependencies"]["distributed"]]
-    unknown = subprocess.run(
-        [sys.executable, str(script), str(ROOT / "pyproject.toml"), "no-such-extra"], capture_output=True, text=True
-    )
-    assert unknown.returncode != 0 and "no optional dependency group [no-such-extra]" in unknown.stderr

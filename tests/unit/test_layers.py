@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Lowest first. A unit may import the units before it, never one after it.
 ORDER = (
     "errors",
+    "notices",
     "jobspec",
     "store",
     "job",
