@@ -102,9 +102,10 @@ test-fast: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(XDIST) $(FAST)
 
 # Records this venv's versions of the images' dependencies, with the index's sha256 of their files (needs
-# the network). To move to newer releases: upgrade them in .venv (pip install --upgrade NAME), pass
-# `make test`, then `make lock`; both images install exactly these (deploy/lock.py).
-lock: $(VENV)/.test
+# the network). To move to newer releases: upgrade them in .venv (.venv/bin/pip install --upgrade NAME, or
+# a new bound in pyproject.toml and .venv/bin/pip install -e '.[test]'), then `make lock`, then `make test`
+# (which must pass before the lock is committed); both images install exactly these (deploy/lock.py).
+lock: $(VENV)/.torch
 	$(BIN)/python deploy/lock.py write $(LOCK)
 
 clean:

@@ -119,14 +119,22 @@ def _hashes(name: str, version: str, index: str = INDEX) -> list[str]:
         parts = stem.split("-")
         # wheel: name-version-...; sdist: name-version (the name may hold dashes in old sdists)
         candidates = [parts[1]] if filename.endswith(".whl") else ["-".join(parts[i:]) for i in range(1, len(parts))]
-        try:
-            if any(Version(c) == wanted for c in candidates if re.fullmatch(r"[0-9][0-9A-Za-z.!+_-]*", c)):
-                found.append(file["hashes"]["sha256"])
-        except ValueError:
-            continue
+        if any(_same_version(c, wanted) for c in candidates):
+            found.append(file["hashes"]["sha256"])
     if not found:
-        raise SystemExit(f"{name}=={version}: no Linux file of this version on {index}: it cannot go into the lock")
+        local = " (a local version: built here, not published)" if wanted.local else ""
+        raise SystemExit(
+            f"{name}=={version}{local}: no Linux file of this version on {index}: it cannot go into the lock"
+        )
     return sorted(set(found))
+
+
+def _same_version(candidate: str, wanted: Version) -> bool:
+    """Whether a file name's version part is `wanted`; a part that is no version at all is not."""
+    try:
+        return Version(candidate) == wanted
+    except ValueError:  # packaging's InvalidVersion: a name segment such as "3d" in "foo-3d-1.0.tar.gz"
+        return False
 
 
 def write(lock: Path, pyproject: Path) -> None:
@@ -171,20 +179,20 @@ def installed_versions() -> dict[str, str]:
 
 def check(lock: Path) -> list[str]:
     """What is wrong with this environment against the lock: versions that differ, and dependencies of a
-    locked package that are missing or unsatisfied (torch's included: the base image's must fit)."""
+    locked package, or of rentune itself once installed, that are missing or unsatisfied (torch's included:
+    the base image's must fit)."""
     pins = read_pins(lock)
     installed = installed_versions()
     problems = differences(pins, installed)
-    for name in sorted(pins):
-        if installed.get(name) != pins[name]:
-            continue
+    checked = [name for name in sorted(pins) if installed.get(name) == pins[name]]
+    for name in [*checked, *(["rentune"] if "rentune" in installed else [])]:
         for text in metadata.distribution(name).requires or []:
             needed = Requirement(text)
             if not _applies(needed, set()):
                 continue
             have = installed.get(canonicalize_name(needed.name))
             if have is None or not needed.specifier.contains(have, prereleases=True):
-                problems.append(f"{name}=={pins[name]} needs {needed}: installed {have or 'nothing'}")
+                problems.append(f"{name}=={installed[name]} needs {needed}: installed {have or 'nothing'}")
     return problems
 
 

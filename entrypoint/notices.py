@@ -8,9 +8,10 @@ checkpoint and the process exits 143), before the SIGKILL that may follow the no
     GCP  /computeMetadata/v1/instance/preempted         about 30 s: TRUE once a spot VM is being preempted
          /computeMetadata/v1/instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE
 
-A watcher thread polls beside the job (one request every POLL_SECONDS, and the maintenance schedule once a
-minute; never inside a training step) and,
-on the first notice, logs it with its lead time and sends SIGTERM to this process. Set by
+A watcher thread polls beside the job, in a thread of its own that training steps never wait for (one
+request every POLL_SECONDS, the maintenance schedule once a minute). On the first notice it sends SIGTERM
+to this process and logs the notice with its lead time. AWS maintenance counts only for events that take
+the instance down (reboot, stop, retirement), not system-maintenance. Set by
 RENTUNE_INTERRUPTION_NOTICE: auto (the default: AWS or GCP when the machine's DMI data names it, else
 nothing), aws, gcp, or off. RENTUNE_METADATA_URL replaces the endpoint's address (a proxy, or a test's
 server); RENTUNE_NOTICE_POLL_SECONDS the interval. No torch, no boto3: urllib with short timeouts, no proxy.
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from entrypoint.errors import InvalidInput
 
-__all__ = ["Notice", "detect_provider", "notice_source", "watching_notices"]
+__all__ = ["Notice", "NoticeSettings", "detect_provider", "notice_settings", "notice_source", "watching_notices"]
 
 MODES = ("auto", "aws", "gcp", "off")
 ENDPOINTS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
@@ -43,6 +44,9 @@ TIMEOUT_SECONDS = 2.0
 MAINTENANCE_LEAD = 15 * 60.0  # a scheduled maintenance is acted on this long before it starts
 MAINTENANCE_EVERY = 60.0  # maintenance is announced days ahead: read once a minute, the spot notice every poll
 DMI = Path("/sys/class/dmi/id")
+HYPERVISOR_UUID = Path("/sys/hypervisor/uuid")
+# AWS scheduled events that take the instance down; system-maintenance (network, power) does not.
+AWS_STOPPING_EVENTS = ("instance-reboot", "system-reboot", "instance-retirement", "instance-stop")
 
 
 @dataclass(frozen=True)
@@ -57,17 +61,21 @@ class Notice:
 
 
 # -- where we run -------------------------------------------------------------------------------------------
-def detect_provider(dmi: Path = DMI) -> str | None:
-    """aws or gcp from the machine's DMI data (readable in containers too), else None."""
+def detect_provider(dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID) -> str | None:
+    """aws or gcp from the machine's DMI data (readable in containers too), else None. Nitro instances say
+    "Amazon EC2"; older Xen ones (p2, p3, g3) say Xen everywhere but in bios_version ("4.11.amazon") and
+    a hypervisor uuid starting with "ec2"."""
 
-    def read(name: str) -> str:
+    def read(path: Path) -> str:
         try:
-            return (dmi / name).read_text().strip()
+            return path.read_text().strip()
         except OSError:
             return ""
 
-    vendors = {read(name) for name in ("sys_vendor", "board_vendor", "bios_vendor", "product_name")}
+    vendors = {read(dmi / name) for name in ("sys_vendor", "board_vendor", "bios_vendor", "product_name")}
     if any(v.startswith("Amazon EC2") for v in vendors):
+        return "aws"
+    if read(dmi / "bios_version").lower().endswith("amazon") or read(hypervisor).lower().startswith("ec2"):
         return "aws"
     if any(v.startswith(("Google", "Google Compute Engine")) for v in vendors):
         return "gcp"
@@ -156,7 +164,9 @@ class AwsNotices:
         status, body = self._get("events/maintenance/scheduled")
         if status == 200 and body.strip():
             for event in json.loads(body):
-                if event.get("State", "active") != "active" or not event.get("NotBefore"):
+                if not isinstance(event, dict) or event.get("State", "active") != "active":
+                    continue
+                if event.get("Code") not in AWS_STOPPING_EVENTS or not event.get("NotBefore"):
                     continue
                 lead = _seconds_until(parsedate_to_datetime(event["NotBefore"]), self.clock())
                 if lead <= MAINTENANCE_LEAD:
@@ -195,49 +205,78 @@ class GcpNotices:
         return None
 
 
-def notice_source(environ=os.environ, dmi: Path = DMI):
+@dataclass(frozen=True)
+class NoticeSettings:
+    mode: str  # auto, aws, gcp or off
+    metadata_url: str | None  # RENTUNE_METADATA_URL, else the provider's own address
+    interval: float
+
+
+def notice_settings(environ=os.environ) -> NoticeSettings:
+    """The three variables, checked whatever the mode (a typo shows on a laptop too, not only in the
+    cloud): InvalidInput (exit 2) naming the variable. `rentune run` and `rentune worker` call it at start,
+    before a job or claim exists."""
+    url = environ.get("RENTUNE_METADATA_URL") or None
+    if url is not None and not url.startswith("http://"):  # the metadata services speak plain HTTP
+        raise InvalidInput(f"RENTUNE_METADATA_URL={url!r}: expected an http:// address")
+    return NoticeSettings(_mode(environ), url, _poll_seconds(environ))
+
+
+def notice_source(environ=os.environ, dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID):
     """The endpoint to poll for this process (AwsNotices or GcpNotices), or None: off, or auto on a machine
-    that is neither. Raises InvalidInput on a bad RENTUNE_INTERRUPTION_NOTICE."""
-    mode = _mode(environ)
-    provider = detect_provider(dmi) if mode == "auto" else None if mode == "off" else mode
+    that is neither. Raises InvalidInput on a bad setting (notice_settings)."""
+    settings = notice_settings(environ)
+    if settings.mode == "off":
+        return None
+    provider = detect_provider(dmi, hypervisor) if settings.mode == "auto" else settings.mode
     if provider is None:
         return None
-    base = environ.get("RENTUNE_METADATA_URL") or ENDPOINTS[provider]
-    if not base.startswith("http://"):  # the metadata services speak plain HTTP on a link-local address
-        raise InvalidInput(f"RENTUNE_METADATA_URL={base!r}: expected an http:// address")
+    base = settings.metadata_url or ENDPOINTS[provider]
     return AwsNotices(base) if provider == "aws" else GcpNotices(base)
 
 
 # -- the watcher ----------------------------------------------------------------------------------------------
 @contextmanager
 def watching_notices(log: Callable[[str], None], environ=os.environ) -> Iterator[threading.Event]:
-    """While active, a daemon thread polls the provider's notices; on the first one it logs it and sends
-    SIGTERM to this process. Yields an Event set once a notice was seen. Unreachable endpoints are logged
-    once and polled again (the metadata service can be briefly unavailable)."""
+    """While active, a daemon thread polls the provider's notices; on the first one it sends SIGTERM to this
+    process, then logs the notice (SIGTERM first: the log may write to the store, which can take seconds of
+    the notice's lead). Yields an Event set once a notice was acted on. Errors reading the endpoint are
+    logged once and polled again (the metadata service can be briefly unavailable). Once the block is left,
+    no SIGTERM comes from it: the thread checks, under a lock the exit takes too, that it may still act."""
     source = notice_source(environ)
-    seen, stop = threading.Event(), threading.Event()
+    seen, stop, acting = threading.Event(), threading.Event(), threading.Lock()
     if source is None:
         yield seen
         return
-    interval = _poll_seconds(environ)
+    interval = notice_settings(environ).interval
     provider = "aws" if isinstance(source, AwsNotices) else "gcp"
     log(f"notices: watching {provider}'s interruption notices at {source.base} every {interval:g} s")
+
+    def say(line: str) -> None:
+        try:
+            log(line)
+        except Exception:  # noqa: BLE001, S110 (the log is the watcher's least concern; the stop goes on)
+            pass
 
     def poll() -> None:
         failing = False
         while not stop.is_set():
             try:
                 notice = source.check()
-            except (OSError, ValueError, TypeError, KeyError) as exc:  # unreachable, or an answer we cannot read
+            except Exception as exc:  # noqa: BLE001 (unreachable, or an answer it cannot read: never die)
                 if not failing:
-                    log(f"notices: cannot read {provider}'s metadata endpoint ({exc}); still polling")
+                    problem = f"{type(exc).__name__}: {exc}"
+                    say(f"notices: cannot read {provider}'s metadata endpoint ({problem}); still polling")
                 failing, notice = True, None
             else:
                 failing = False
             if notice is not None:
-                seen.set()
-                log(f"notices: interruption notice from {notice.describe()}; stopping as on SIGTERM")
-                os.kill(os.getpid(), signal.SIGTERM)
+                with acting:
+                    if stop.is_set():
+                        return
+                    seen.set()
+                    os.kill(os.getpid(), signal.SIGTERM)
+                say(f"notices: interruption notice from {notice.describe()}; stopping as on SIGTERM")
                 return
             stop.wait(interval)
 
@@ -246,5 +285,6 @@ def watching_notices(log: Callable[[str], None], environ=os.environ) -> Iterator
     try:
         yield seen
     finally:
-        stop.set()
+        with acting:
+            stop.set()
         thread.join(timeout=TIMEOUT_SECONDS * 3)

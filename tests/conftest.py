@@ -1,9 +1,14 @@
 """Settings for the parallel run of `make test` (pytest-xdist: two workers, a whole test file per worker, so
-that a module-scoped fixture, such as a job whose result several tests read, runs once)."""
+that a module-scoped fixture, such as a job whose result several tests read, runs once), and for every
+rentune process the tests start."""
 
 from __future__ import annotations
 
 import os
+
+# Hermetic on a cloud machine too: no rentune process the tests start polls a real provider's metadata
+# endpoint for interruption notices (the notice tests set their own endpoint on 127.0.0.1).
+os.environ.setdefault("RENTUNE_INTERRUPTION_NOTICE", "off")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # set by xdist before any conftest or test module is imported
     # Two workers share two cores: one OpenMP/torch thread per process, in this worker and in every rentune,

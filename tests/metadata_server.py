@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 __all__ = ["FakeMetadata"]
@@ -26,6 +25,7 @@ class FakeMetadata:
         self.raised_at: float | None = None  # time.time() when a notice was raised
         self.first_served_at: float | None = None  # when a request first got a notice back
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, authorised)
+        self.failing = False  # answer every request with HTTP 500
         self._server: ThreadingHTTPServer | None = None
 
     # -- what the provider says ------------------------------------------------------------------------------
@@ -36,13 +36,14 @@ class FakeMetadata:
 
     def schedule_maintenance(self, in_seconds: float, state: str = "active", code: str = "system-reboot") -> None:
         start = datetime.now(timezone.utc) + timedelta(seconds=in_seconds)
+        aws_time = "%d %b %Y %H:%M:%S GMT"  # AWS's own format: "21 Jan 2019 09:00:43 GMT", no weekday
         self.maintenance.append(
             {
                 "Code": code,
                 "Description": "scheduled reboot",
                 "EventId": f"instance-event-{len(self.maintenance)}",
-                "NotBefore": format_datetime(start, usegmt=True),
-                "NotAfter": format_datetime(start + timedelta(hours=2), usegmt=True),
+                "NotBefore": start.strftime(aws_time),
+                "NotAfter": (start + timedelta(hours=2)).strftime(aws_time),
                 "State": state,
             }
         )
@@ -72,12 +73,18 @@ class FakeMetadata:
                 self.wfile.write(data)
 
             def do_PUT(self):
+                if fake.failing:
+                    fake.requests.append(("PUT", self.path, False))
+                    return self._answer(500)
                 ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
                 fake.requests.append(("PUT", self.path, bool(ok)))
                 self._answer(200, TOKEN) if ok else self._answer(400)
 
             def do_GET(self):
                 path = self.path
+                if fake.failing:
+                    fake.requests.append(("GET", path, False))
+                    return self._answer(500)
                 if path.startswith("/latest/"):
                     ok = self.headers.get("X-aws-ec2-metadata-token") == TOKEN
                     fake.requests.append(("GET", path, ok))

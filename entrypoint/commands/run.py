@@ -41,12 +41,14 @@ def run(
 ) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
     from entrypoint.follower import follow_lead
+    from entrypoint.notices import notice_settings
     from entrypoint.runner import run_job, store_args
     from entrypoint.training.environment import process_age, quiet_libraries
 
     startup = process_age()  # interpreter and imports: what the verify phase's fresh process will take too
 
     with exits():
+        notice_settings()  # a bad RENTUNE_INTERRUPTION_NOTICE & co. stops here (exit 2), before any attempt
         quiet_libraries()
         loaded = load_spec(spec)
         root = store.over(loaded.spec.store).open()

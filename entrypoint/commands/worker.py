@@ -31,6 +31,7 @@ def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds:
     from dataclasses import replace
 
     from entrypoint.job.queue import Worker
+    from entrypoint.notices import notice_settings
     from entrypoint.runner import run_job
     from entrypoint.training.environment import process_age, quiet_libraries
 
@@ -38,6 +39,7 @@ def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds:
     from jobspec.schema import Store as StoreSection
 
     with exits():
+        notice_settings()  # a bad RENTUNE_INTERRUPTION_NOTICE & co. stops here (exit 2), before any claim
         quiet_libraries()
         root = store.open()
         ours = StoreSection(

@@ -149,6 +149,7 @@ def test_skypilot_refuses_copies_with_a_typo(skypilot, name):
     for key, typo in SKYPILOT_TYPOS:
         result = skypilot[1][(name, typo)]
         assert not result["ok"], f"{name} with {typo!r} for {key!r} was accepted"
+        assert typo in result["error"], result["error"]  # refused for the typo, not for something else
     # SkyPilot's client accepts unknown job_recovery keys; the key check above catches this one.
     key, typo = SKYPILOT_RECOVERY_TYPO
     assert any(typo in problem for problem in recovery_problems(skypilot[1][(name, typo)]))
@@ -263,6 +264,7 @@ def test_dstack_refuses_copies_with_a_typo(dstack, name):
     for key, typo in DSTACK_TYPOS:
         result = dstack[1][(name, typo)]
         assert not result["ok"], f"{name} with {typo!r} for {key!r} was accepted"
+        assert typo in result["error"], result["error"]  # refused for the typo, not for something else
 
 
 @pytest.mark.parametrize("name", [p.name for p in DSTACK_FILES])

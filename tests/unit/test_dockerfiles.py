@@ -220,3 +220,9 @@ def test_k8s_job_leaves_time_for_the_grace():
     pod = job["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > GRACE_SECONDS
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # a clean stop (143, a provider's notice included) is not counted as a failure; a bad setting (2) fails at once
+    rules = {
+        (r["action"], tuple(r.get("onExitCodes", {}).get("values", ())))
+        for r in job["spec"]["podFailurePolicy"]["rules"]
+    }
+    assert ("Ignore", (143,)) in rules and ("FailJob", (2,)) in rules
