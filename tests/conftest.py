@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     "integration/test_seaweedfs_job.py",
     "integration/test_worker.py",
     "integration/test_stored_tokens.py",
+    "integration/test_data_identity.py",
     "integration/test_chat_job.py",
     "integration/test_probe_and_params.py",
     "integration/test_image_job.py",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,11 +37,14 @@ from entrypoint.data.reading import WHERE, DataError, RawFile, a_type, cluster_o
 __all__ = [
     "REASONING_FIELDS",
     "ChatTemplate",
+    "RenderedChat",
     "Span",
     "TemplateError",
     "chat_rows",
     "clean_chat",
     "encode_chat",
+    "finish_chat",
+    "render_chat",
 ]
 
 ROLES = ("system", "user", "assistant")
@@ -377,13 +381,43 @@ def encode_chat(
     `{% generation %}` markers the template's own mask decides, checked to hold those spans. Only the turns
     max_length can reach are rendered (ChatTemplate.reach); for a conversation cut that way, `full_length`
     counts the tokens up to the first turn past max_length, not the whole conversation."""
-    tokenizer = template.tokenizer
+    rendered = render_chat(template, turns, train_on, max_length)
+    encoded = template.tokenizer(rendered.whole, add_special_tokens=False, return_offsets_mapping=True)
+    return finish_chat(
+        template, rendered, encoded["input_ids"], encoded["offset_mapping"], max_length, train_on_reasoning
+    )
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A conversation rendered for encoding: the turns max_length can reach, their rendering, the spans of
+    their assistant turns and which of those count in the loss."""
+
+    turns: Sequence[dict]
+    whole: str
+    spans: list
+    targets: set[int]
+
+
+def render_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, max_length: int) -> RenderedChat:
+    """The first half of encode_chat: everything before the rendering is tokenized (the data phase
+    tokenizes a batch of renderings in one call, then finishes each with finish_chat)."""
     targets = set(_targets(turns, train_on))
     turns = turns[: template.reach(turns, max_length)]
     whole = template.render(turns, False)
-    spans = template.spans(turns, whole)
-    encoded = tokenizer(whole, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    return RenderedChat(turns, whole, template.spans(turns, whole), targets)
+
+
+def finish_chat(
+    template: ChatTemplate,
+    rendered: RenderedChat,
+    ids: list[int],
+    offsets: Sequence[tuple[int, int]],
+    max_length: int,
+    train_on_reasoning: bool = True,
+) -> Encoded:
+    """The second half of encode_chat: the labels from the rendering's ids and offsets."""
+    turns, whole, spans, targets = rendered.turns, rendered.whole, rendered.spans, rendered.targets
     counted = [_counted(whole, offsets, s, train_on_reasoning) for s in spans]
     if template.markers:
         counted = _marked(template, turns, ids, offsets, spans, counted, train_on_reasoning)

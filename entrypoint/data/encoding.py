@@ -21,7 +21,9 @@ __all__ = [
     "PREPROCESS_VERSION",
     "Encoded",
     "encode_causal",
+    "encode_causals",
     "encode_classification",
+    "encode_classifications",
     "encode_image",
     "prepare_tokenizer",
     "processor_sha256",
@@ -79,23 +81,55 @@ class Encoded:
 
 
 def encode_classification(tokenizer, text: str, label_id: int, max_length: int) -> Encoded:
-    full = len(tokenizer(text, truncation=False)["input_ids"])
-    encoded = dict(tokenizer(text, truncation=True, max_length=max_length))
-    encoded["labels"] = label_id
-    return Encoded(encoded, full, full > max_length)
+    return encode_classifications(tokenizer, [text], [label_id], max_length)[0]
+
+
+def encode_classifications(tokenizer, texts: Sequence[str], label_ids: Sequence[int], max_length: int) -> list[Encoded]:
+    """Each text as `tokenizer(text, truncation=True, max_length=max_length)` gives it, with its length
+    before truncation, in at most two tokenizer calls for the whole batch: every text untruncated (its full
+    length, and its features when it fits, where truncation changes nothing), then only the texts longer
+    than max_length again, truncated by the tokenizer itself (its special tokens and strategy kept)."""
+    if not texts:
+        return []
+    whole = tokenizer(list(texts), truncation=False)
+    keys = list(whole.keys())
+    lengths = [len(ids) for ids in whole["input_ids"]]
+    long = [i for i, n in enumerate(lengths) if n > max_length]
+    cut = tokenizer([texts[i] for i in long], truncation=True, max_length=max_length) if long else {}
+    cut_row = {i: k for k, i in enumerate(long)}
+    encoded = []
+    for i, label_id in enumerate(label_ids):
+        source, row = (cut, cut_row[i]) if i in cut_row else (whole, i)
+        features = {key: source[key][row] for key in keys}
+        features["labels"] = label_id
+        encoded.append(Encoded(features, lengths[i], lengths[i] > max_length))
+    return encoded
 
 
 def encode_causal(tokenizer, prompt: str, response: str, template: str, max_length: int) -> Encoded:
-    prompt_ids = tokenizer(template.format(prompt=prompt), add_special_tokens=False)["input_ids"]
-    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    return encode_causals(tokenizer, [prompt], [response], template, max_length)[0]
+
+
+def encode_causals(
+    tokenizer, prompts: Sequence[str], responses: Sequence[str], template: str, max_length: int
+) -> list[Encoded]:
+    """Each (prompt, response) as the module docstring says, with two tokenizer calls for the whole batch
+    (the prompts in their template, the responses)."""
+    if not prompts:
+        return []
+    prompt_ids = tokenizer([template.format(prompt=p) for p in prompts], add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(list(responses), add_special_tokens=False)["input_ids"]
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ids = bos + prompt_ids + response_ids + eos
-    labels = [IGNORE_INDEX] * (len(bos) + len(prompt_ids)) + response_ids + eos
-    full = len(ids)
-    ids, labels = ids[:max_length], labels[:max_length]
-    features = {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
-    return Encoded(features, full, full > max_length)
+    encoded = []
+    for prompt, response in zip(prompt_ids, response_ids, strict=True):
+        ids = bos + prompt + response + eos
+        labels = [IGNORE_INDEX] * (len(bos) + len(prompt)) + response + eos
+        full = len(ids)
+        ids, labels = ids[:max_length], labels[:max_length]
+        features = {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
+        encoded.append(Encoded(features, full, full > max_length))
+    return encoded
 
 
 def encode_image(processor, path: str, label_id: int, modes: Sequence[str]) -> Encoded:

@@ -11,13 +11,14 @@ same prompt construction, greedy (evaluation/generate.py). Baseline: the untouch
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows, clean_chat, encode_chat
+from entrypoint.data.chat import ChatTemplate, TemplateError, chat_rows, clean_chat, finish_chat, render_chat
 from entrypoint.data.encoding import (
     IGNORE_INDEX,
-    encode_causal,
+    encode_causals,
     prepare_tokenizer,
     reaches,
 )
@@ -125,17 +126,24 @@ class CausalLM:
 
     def encode(self, processor, rows: Sequence[dict], labels: Sequence[str]) -> list:
         data, max_length = self.spec.data, self.spec.model.max_length
-        if self.chat:
-            template, encoded = self.template(processor), []
+        if self.chat:  # each conversation rendered, the renderings tokenized in one call, each finished
+            template, rendered = self.template(processor), []
             for row in rows:
-                try:
+                with _naming(row):
+                    rendered.append(render_chat(template, row["messages"], data.train_on, max_length))
+            if not rendered:
+                return []
+            tokens = processor([r.whole for r in rendered], add_special_tokens=False, return_offsets_mapping=True)
+            encoded = []
+            for k, row in enumerate(rows):
+                with _naming(row):
+                    ids, offsets = tokens["input_ids"][k], tokens["offset_mapping"][k]
                     encoded.append(
-                        encode_chat(template, row["messages"], data.train_on, max_length, data.train_on_reasoning)
+                        finish_chat(template, rendered[k], ids, offsets, max_length, data.train_on_reasoning)
                     )
-                except TemplateError as exc:  # name the conversation: rows no longer know their line
-                    raise TemplateError(f"{exc}; in the conversation starting {row['prompt'][:80]!r}") from None
             return encoded
-        return [encode_causal(processor, r["prompt"], r["response"], data.template, max_length) for r in rows]
+        prompts, responses = [r["prompt"] for r in rows], [r["response"] for r in rows]
+        return encode_causals(processor, prompts, responses, data.template, max_length)
 
     def collator(self, processor):
         """Batches of examples padded to the longest, or with `training.packing` batches of packed rows
@@ -263,3 +271,12 @@ def answer_after_reasoning(answer: str) -> str:
     opening tag in the answer or already in the generation prompt, as R1 distills have it): what is scored."""
     _, closed, after = answer.partition("</think>")
     return after.strip() if closed else answer
+
+
+@contextlib.contextmanager
+def _naming(row: dict):
+    """A template error names the conversation: rows no longer know their line."""
+    try:
+        yield
+    except TemplateError as exc:
+        raise TemplateError(f"{exc}; in the conversation starting {row['prompt'][:80]!r}") from None

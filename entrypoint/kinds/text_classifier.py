@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from entrypoint.data.encoding import encode_classification
+from entrypoint.data.encoding import encode_classifications
 from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
 from entrypoint.training.model import adapt, classifier_options, load_adapter, load_encoder
@@ -45,7 +45,8 @@ class TextClassifier:
     def encode(self, processor, rows: Sequence[dict], labels: Sequence[str]) -> list:
         index = {label: i for i, label in enumerate(labels)}
         max_length = self.spec.model.max_length
-        return [encode_classification(processor, r["text"], index[r["label"]], max_length) for r in rows]
+        texts, label_ids = [r["text"] for r in rows], [index[r["label"]] for r in rows]
+        return encode_classifications(processor, texts, label_ids, max_length)
 
     def collator(self, processor):
         from transformers import DataCollatorWithPadding

@@ -108,8 +108,10 @@ class Store(Protocol):
         """Upload a local file (streamed; large files in parts) and return the sha256 of the bytes sent,
         hashed from the same read that uploads them."""
 
-    def get_file(self, key: str, path: Path) -> None:
-        """Download to `path` (streamed, written to a temp file then renamed); `ObjectNotFound` if absent."""
+    def get_file(self, key: str, path: Path) -> str:
+        """Download to `path` (streamed, written to a temp file then renamed) and return the sha256 of the
+        bytes written, hashed as they were written; `ObjectNotFound` if absent. Not fsynced: what callers
+        download is checked against a record and fetched again when lost."""
 
     def head(self, key: str) -> ObjectInfo | None:
         """Size of the object at `key`, or None if absent."""
@@ -145,8 +147,8 @@ class PrefixedStore:
     def put_file(self, key: str, path: Path) -> str:
         return self.inner.put_file(self._k(key), path)
 
-    def get_file(self, key: str, path: Path) -> None:
-        self.inner.get_file(self._k(key), path)
+    def get_file(self, key: str, path: Path) -> str:
+        return self.inner.get_file(self._k(key), path)
 
     def head(self, key: str) -> ObjectInfo | None:
         info = self.inner.head(self._k(key))

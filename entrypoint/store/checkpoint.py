@@ -226,26 +226,40 @@ def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
 
 
 def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
-    """Download every listed file of `key` into `folder`; None if all verify, else the reason. A name
-    that could escape `folder` or an entry without size and sha256 is a reason, never a download."""
+    """Download every listed file of `key` into `folder`; None if all verify, else the reason (of the first
+    failing file in name order). A name that could escape `folder` or an entry without size and sha256 is a
+    reason, never a download. The files download in parallel, each hashed as it is written (get_file), so
+    nothing is read back; none is fsynced: the copy is scratch, and the next process verifies it again."""
     shutil.rmtree(folder, ignore_errors=True)
-    for name, info in sorted(manifest.get("files", {}).items()):
+    listed = sorted(manifest.get("files", {}).items())
+    for name, info in listed:
         try:
             check_key(name)
         except InvalidKey:
             return f"the manifest lists an unsafe file name {name!r}"
         if not (isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)):
             return f"the manifest entry for {name} lacks an integer size and a sha256"
+
+    def fetch(item: tuple[str, dict]) -> str | None:
+        name, info = item
         local = folder / name
         try:
-            store.get_file(join_key(key, name), local)
+            sha256 = store.get_file(join_key(key, name), local)
         except ObjectNotFound:
             return f"{name} is missing"
+        if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol: no verdict
+            raise CheckpointError(f"{store.uri}/{key}/{name}: the store's get_file returned {sha256!r}, not a sha256")
         if local.stat().st_size != info["size"]:
             return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
-        if file_sha256(local) != info["sha256"]:
+        if sha256 != info["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
-    return None
+        return None
+
+    largest_first = sorted(listed, key=lambda item: (-item[1]["size"], item[0]))
+    threads = max(1, min(UPLOAD_FILES_AT_ONCE, len(listed)))
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="restore") as pool:
+        problems = dict(zip((name for name, _ in largest_first), pool.map(fetch, largest_first), strict=True))
+    return next((problems[name] for name, _ in listed if problems[name] is not None), None)
 
 
 def find_latest(store: Store, prefix: str, into: Path, log: Callable[[str], None]) -> Checkpoint | None:

@@ -60,7 +60,7 @@ class FileStore:
             if parent.is_file():
                 raise StoreError(f"{key}: cannot store under {parent.relative_to(self.root)}, which is an object")
 
-    def _write_atomically(self, path: Path, write) -> str:
+    def _write_atomically(self, path: Path, write, sync: bool = True) -> str:
         for attempt in range(3):  # a concurrent delete may remove the folder once it is empty
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -73,7 +73,8 @@ class FileStore:
             with os.fdopen(fd, "wb") as out:
                 write(out)
                 out.flush()
-                os.fsync(out.fileno())
+                if sync:
+                    os.fsync(out.fileno())
             return tmp
         except BaseException:
             os.unlink(tmp)
@@ -122,14 +123,17 @@ class FileStore:
                 raise self._refused(key, exc) from exc
         return reader.sha256()
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path) -> str:
+        """Copied and hashed in one pass; not fsynced (a downloaded copy is scratch: see S3Store.get_file)."""
         src = self._path(key)
         if not src.is_file():
             raise ObjectNotFound(key)
         path = Path(path)
         with open(src, "rb") as inp:
-            tmp = self._write_atomically(path, lambda out: shutil.copyfileobj(inp, out, 1 << 20))
+            reader = HashingReader(inp)
+            tmp = self._write_atomically(path, lambda out: shutil.copyfileobj(reader, out, BLOCK), sync=False)
         os.replace(tmp, path)
+        return reader.sha256()
 
     def head(self, key: str):
         path = self._path(key)

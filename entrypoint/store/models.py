@@ -317,10 +317,10 @@ def _download(store: Store, files: dict, into: Path) -> None:
             raise ModelMismatch(f"model.path: {store.uri}/{MODEL_MANIFEST} lists an unsafe name {name!r}") from None
         local = into / name
         try:
-            store.get_file(name, local)
+            sha256 = store.get_file(name, local)  # hashed as it was written
         except ObjectNotFound:
             raise ModelMismatch(f"model.path: {store.uri}/{name} is listed in {MODEL_MANIFEST} but missing") from None
-        if local.stat().st_size != info["size"] or file_sha256(local) != info["sha256"]:
+        if local.stat().st_size != info["size"] or sha256 != info["sha256"]:
             raise ModelMismatch(
                 f"model.path: {store.uri}/{name} does not match its size and sha256 in {MODEL_MANIFEST} (the "
                 "object changed after push-model); refusing this model"

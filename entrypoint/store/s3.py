@@ -47,6 +47,7 @@ from entrypoint.store.base import (
     check_key,
     join_key,
 )
+from entrypoint.store.hashing import HashingWriter
 from entrypoint.store.s3_upload import PartBuffers, expect_continue, upload_hashed
 
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
@@ -318,17 +319,21 @@ class S3Store:
         except _VENDOR_ERRORS as err:
             raise _translate(err, "upload", self._where(full)) from err
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path) -> str:
+        """Parts are fetched in parallel (the transfer config's concurrency) and written in order to a temp
+        file, each hashed as it is written: one pass, no re-read. Not fsynced: a downloaded copy is scratch,
+        checked by its caller against the sha256 returned here and fetched again by the next process if the
+        machine loses it."""
         full = self._full(key)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
-        os.close(fd)
         try:
-            self.client.download_file(self.bucket, full, tmp, Config=self.transfer_config)
-            with open(tmp, "rb") as out:
-                os.fsync(out.fileno())
+            with os.fdopen(fd, "wb") as out:
+                sink = HashingWriter(out)
+                self.client.download_fileobj(self.bucket, full, sink, Config=self.transfer_config)
             os.replace(tmp, path)
+            return sink.sha256()
         except _VENDOR_ERRORS as err:
             raise _translate(err, "download", self._where(full)) from err
         finally:

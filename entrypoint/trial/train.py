@@ -240,15 +240,20 @@ def _download_once_per_node(ctx: PhaseContext, trial: Trial, out: Path) -> Check
 def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Checkpoint | None, dict | None]:
     """The newest committed checkpoint that verifies and belongs to this job (or None), and the platform
     change since it was written (or None)."""
+    started = time.monotonic()
     resume = _download_once_per_node(ctx, trial, setup.out)
     if resume is None:
         return None, None
+    fetched = time.monotonic() - started
     for field in ("spec_sha256", "data_version", "base_model_sha256"):
         if resume.manifest.get(field) != setup.meta[field]:
             raise CheckpointError(
                 f"checkpoint step {resume.step}: {field} differs from this job's; refusing to resume from it"
             )
-    ctx.log(f"train: resuming from committed checkpoint step {resume.step}")
+    size = sum(info["size"] for info in resume.manifest["files"].values()) / 1e6
+    ctx.log(
+        f"train: resuming from committed checkpoint step {resume.step} ({size:,.1f} MB verified in {fetched:.1f} s)"
+    )
     if resume.manifest.get("env") == setup.meta["env"]:
         return resume, None
     change = {"checkpoint": resume.manifest.get("env"), "now": setup.meta["env"]}

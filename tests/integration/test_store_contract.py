@@ -121,8 +121,8 @@ def test_file_round_trip(store, local, size):
     assert store.head("trials/t1/checkpoints/step-00000010/model.safetensors").size == size
 
     dest = local / "nested" / "dir" / "model.safetensors"
-    store.get_file("trials/t1/checkpoints/step-00000010/model.safetensors", dest)
-    assert hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    got = store.get_file("trials/t1/checkpoints/step-00000010/model.safetensors", dest)
+    assert got == hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()  # hashed as written
     assert sorted(p.name for p in dest.parent.iterdir()) == ["model.safetensors"]  # no temp file left
 
 
@@ -428,8 +428,8 @@ def test_transfers_survive_throttling(s3_store, s3_server, local):
     data = _random_bytes(BIG_SIZE, seed=11)
     (local / "big.bin").write_bytes(data)
     s3_store.put_file("ckpt/big.bin", local / "big.bin")
-    s3_store.get_file("ckpt/big.bin", local / "copy.bin")
-    assert hashlib.sha256((local / "copy.bin").read_bytes()).digest() == hashlib.sha256(data).digest()
+    got = s3_store.get_file("ckpt/big.bin", local / "copy.bin")  # parts retried, written in order, hashed
+    assert got == hashlib.sha256((local / "copy.bin").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
     small = {f"small/{i}.json": _random_bytes(100 + i, seed=i) for i in range(6)}
     for key, payload in small.items():
         s3_store.put_bytes(key, payload)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import random
 
 import numpy as np
@@ -151,14 +152,11 @@ def test_matches_brute_force_on_random_texts():
 
 def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
     sketched, indexes, inserted = [], [], []
-    real_generator = leakcheck.MinHash.generator
+    real_sketch = leakcheck._sketch
 
-    class CountingMinHash:
-        @staticmethod
-        def generator(b, **kwargs):
-            for sketch in real_generator(b, **kwargs):
-                sketched.append(sketch)
-                yield sketch
+    def counting_sketch(grams, a, b):
+        sketched.extend(grams)
+        return real_sketch(grams, a, b)
 
     class RecordingIndex(leakcheck.BandIndex):
         def __init__(self, bands):
@@ -169,7 +167,7 @@ def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
             inserted.extend(keys)
             super().insert(keys, table)
 
-    monkeypatch.setattr(leakcheck, "MinHash", CountingMinHash)
+    monkeypatch.setattr(leakcheck, "_sketch", counting_sketch)
     monkeypatch.setattr(leakcheck, "BandIndex", RecordingIndex)
     splits = {
         "train": [f"{TICKETS[k % 8]} case {k}" for k in range(60)] + [""],
@@ -254,3 +252,84 @@ def test_band_index_answers_what_datasketch_minhashlsh_answers():
     answers = list(zip([set(reference.query(s)) for s in sketches], index.query(table), strict=True))
     assert all(theirs == ours for theirs, ours in answers)
     assert sum(len(ours) for _, ours in answers[250:]) > 0  # queries that are not in the index find candidates
+
+
+def _normalize_by_runs(text: str) -> str:
+    """normalize_text as it was first written (a run of non-word characters at a word edge loses its
+    leading or trailing punctuation, through a regex callback): the reference its word-by-word form must
+    equal."""
+    import re
+    import unicodedata
+
+    def is_punct(ch: str) -> bool:
+        return unicodedata.category(ch)[0] == "P"
+
+    def strip(match: re.Match[str]) -> str:
+        run, whole, start, end = match.group(), match.string, match.start(), match.end()
+        if start == 0 or whole[start - 1].isspace():
+            i = 0
+            while i < len(run) and is_punct(run[i]):
+                i += 1
+            run = run[i:]
+        if end == len(whole) or whole[end].isspace():
+            j = len(run)
+            while j > 0 and is_punct(run[j - 1]):
+                j -= 1
+            run = run[:j]
+        return run
+
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return " ".join(re.sub(r"(?:[^\w\s]|_)+", strip, folded).split())
+
+
+def test_normalize_equals_the_run_by_run_reference_on_random_text():
+    """200,000 random strings over letters, digits, every kind of space, punctuation of many scripts,
+    symbols, combining marks and compatibility forms: the word-by-word normaliser equals the reference."""
+    import random
+    import unicodedata
+
+    rng = random.Random(11)
+    categories = collections.defaultdict(list)
+    for code in range(0x3000):
+        categories[unicodedata.category(chr(code))[0]].append(chr(code))
+    alphabet = (
+        list("ab Z9_ \t\n\u00a0\u2003\x1c") * 20
+        + categories["P"]
+        + categories["S"][:400]
+        + categories["M"][:200]
+        + categories["Z"]
+        + list("ＡＢ①ﬁ℃¼ǅ") * 5
+        + ["\U0001f600", "\u061f", "\u3001", "\ufe50", "\uff01"]
+    )
+    for _ in range(200_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        assert normalize_text(text) == _normalize_by_runs(text), repr(text)
+
+
+@pytest.mark.parametrize(("num_perm", "seed", "shingle"), [(128, 1, 3), (64, 7, 1), (16, 2**31 - 1, 2)])
+def test_sketches_equal_datasketch_minhash_value_for_value(num_perm, seed, shingle):
+    """The numpy sketches are datasketch's MinHash (crc32, scheme affine32) of the same shingles, so the
+    band hashes, hence the LSH candidates, are those of datasketch."""
+    import zlib
+
+    from datasketch import MinHash
+
+    rng = random.Random(seed)
+    words = [f"w{k}" for k in range(300)] + ["ünïcödé", "日本語", "x"]
+    texts = [" ".join(rng.choices(words, k=rng.randint(1, 60))) for _ in range(700)]
+    grams = [leakcheck._shingles(normalize_text(t), shingle) for t in texts]
+    theirs = np.stack(
+        [
+            m.hashvalues
+            for m in MinHash.generator(
+                ([g.encode() for g in gs] for gs in grams),
+                num_perm=num_perm,
+                seed=seed,
+                hashfunc=zlib.crc32,
+                scheme="affine32",
+            )
+        ]
+    )
+    a, b = leakcheck._permutations(num_perm, seed)
+    assert (leakcheck._sketch(grams, a, b) == theirs).all()
+    assert (leakcheck._sketch(grams[5:6], a, b) == theirs[5:6]).all()  # a batch of one text
