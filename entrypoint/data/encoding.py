@@ -91,6 +91,9 @@ def encode_classifications(tokenizer, texts: Sequence[str], label_ids: Sequence[
     than max_length again, truncated by the tokenizer itself (its special tokens and strategy kept)."""
     if not texts:
         return []
+    once = _classifications_in_one_pass(tokenizer, texts, label_ids, max_length)
+    if once is not None:
+        return once
     whole = tokenizer(list(texts), truncation=False)
     keys = list(whole.keys())
     lengths = [len(ids) for ids in whole["input_ids"]]
@@ -103,6 +106,39 @@ def encode_classifications(tokenizer, texts: Sequence[str], label_ids: Sequence[
         features = {key: source[key][row] for key in keys}
         features["labels"] = label_id
         encoded.append(Encoded(features, lengths[i], lengths[i] > max_length))
+    return encoded
+
+
+_ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
+
+
+def _classifications_in_one_pass(tokenizer, texts, label_ids, max_length) -> list[Encoded] | None:
+    """encode_classifications with one tokenization per text, as the fast tokenizer truncates internally:
+    each text encoded without special tokens, cut to max_length less the special tokens its post-processor
+    adds, then post-processed. None (the caller tokenizes the usual way) for a tokenizer without a Rust
+    backend, with features beyond ids, type ids and mask, or whose result for the batch's first text
+    differs from the tokenizer's own call."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    reference = dict(tokenizer(texts[0], truncation=True, max_length=max_length))
+    if backend is None or not set(reference) <= set(_ENCODING_FIELDS):
+        return None
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_length <= special or getattr(tokenizer, "truncation_side", "right") != "right":
+        return None
+    backend.no_truncation()
+    backend.no_padding()
+    encoded = []
+    raws = backend.encode_batch(list(texts), add_special_tokens=False)
+    for label_id, raw in zip(label_ids, raws, strict=True):
+        full = len(raw.ids) + special
+        if full > max_length:
+            raw.truncate(max_length - special)
+        done = backend.post_process(raw, None, add_special_tokens=True)
+        features = {key: list(getattr(done, _ENCODING_FIELDS[key])) for key in reference}
+        if not encoded and features != reference:
+            return None
+        features["labels"] = label_id
+        encoded.append(Encoded(features, full, full > max_length))
     return encoded
 
 

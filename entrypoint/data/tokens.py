@@ -74,7 +74,7 @@ def open_tokens(store, record: dict, split: str, workdir: Path, log: Callable[[s
     if not (path.is_file() and path.stat().st_size == entry["bytes"]):
         path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        got = store.get_file(key, path)  # hashed as it was written
+        got = store.get_file(key, path)  # the sha256 of what it wrote
         if got != entry["sha256"]:
             path.unlink()
             raise CorruptObject(

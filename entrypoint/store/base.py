@@ -110,8 +110,8 @@ class Store(Protocol):
 
     def get_file(self, key: str, path: Path) -> str:
         """Download to `path` (streamed, written to a temp file then renamed) and return the sha256 of the
-        bytes written, hashed as they were written; `ObjectNotFound` if absent. Not fsynced: what callers
-        download is checked against a record and fetched again when lost."""
+        bytes written; `ObjectNotFound` if absent. Not fsynced: what callers download is checked against a
+        record and fetched again when lost."""
 
     def head(self, key: str) -> ObjectInfo | None:
         """Size of the object at `key`, or None if absent."""

@@ -228,8 +228,9 @@ def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
 def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
     """Download every listed file of `key` into `folder`; None if all verify, else the reason (of the first
     failing file in name order). A name that could escape `folder` or an entry without size and sha256 is a
-    reason, never a download. The files download in parallel, each hashed as it is written (get_file), so
-    nothing is read back; none is fsynced: the copy is scratch, and the next process verifies it again."""
+    reason, never a download. The files download in parallel, each hashed by get_file (S3: right after
+    its download, from the page cache); none is fsynced: the copy is scratch, and the next process
+    verifies it again."""
     shutil.rmtree(folder, ignore_errors=True)
     listed = sorted(manifest.get("files", {}).items())
     for name, info in listed:

@@ -2,8 +2,7 @@
 
 `HashingReader` hashes a file while something else reads it (the file store's copy), so a checkpoint's
 bytes are read from disk once: for the store and for its manifest's sha256 together. S3 uploads do the
-same with their part buffers (s3_upload.py). `HashingWriter` is the other way: a download hashed as it is
-written, so a restored checkpoint is checked without reading it back.
+same with their part buffers (s3_upload.py).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["BLOCK", "HashingReader", "HashingWriter", "file_sha256", "weights_sha256"]
+__all__ = ["BLOCK", "HashingReader", "file_sha256", "weights_sha256"]
 
 BLOCK = 1 << 20
 
@@ -48,22 +47,3 @@ class HashingReader:
 
     def sha256(self) -> str:
         return self._digest.hexdigest()
-
-
-class HashingWriter:
-    """A write-only, non-seekable file object that hashes what it passes on to `out` (sha256). boto3's
-    download_fileobj writes the parts of a parallel download to a non-seekable target in order, so the
-    digest is the object's."""
-
-    def __init__(self, out):
-        self.out, self.digest = out, hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        return self.out.write(data)
-
-    def seekable(self) -> bool:
-        return False
-
-    def sha256(self) -> str:
-        return self.digest.hexdigest()

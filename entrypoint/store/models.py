@@ -317,7 +317,7 @@ def _download(store: Store, files: dict, into: Path) -> None:
             raise ModelMismatch(f"model.path: {store.uri}/{MODEL_MANIFEST} lists an unsafe name {name!r}") from None
         local = into / name
         try:
-            sha256 = store.get_file(name, local)  # hashed as it was written
+            sha256 = store.get_file(name, local)  # the sha256 of what it wrote
         except ObjectNotFound:
             raise ModelMismatch(f"model.path: {store.uri}/{name} is listed in {MODEL_MANIFEST} but missing") from None
         if local.stat().st_size != info["size"] or sha256 != info["sha256"]:

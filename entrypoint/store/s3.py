@@ -47,7 +47,7 @@ from entrypoint.store.base import (
     check_key,
     join_key,
 )
-from entrypoint.store.hashing import HashingWriter
+from entrypoint.store.hashing import file_sha256
 from entrypoint.store.s3_upload import PartBuffers, expect_continue, upload_hashed
 
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
@@ -320,20 +320,22 @@ class S3Store:
             raise _translate(err, "upload", self._where(full)) from err
 
     def get_file(self, key: str, path: Path) -> str:
-        """Parts are fetched in parallel (the transfer config's concurrency) and written in order to a temp
-        file, each hashed as it is written: one pass, no re-read. Not fsynced: a downloaded copy is scratch,
-        checked by its caller against the sha256 returned here and fetched again by the next process if the
-        machine loses it."""
+        """Parts are fetched in parallel (the transfer config's concurrency) straight into a temp file, which
+        is then hashed from the page cache. Not hashed while downloading: boto3 writes a stream target in
+        order only through a bounded window of parts scheduled from its own worker threads, which
+        deadlocked here (s3transfer's GetObjectFirstChunkOnDoneCallback waiting on the window). Not
+        fsynced: a downloaded copy is scratch, checked by its caller against the sha256 returned here and
+        fetched again by the next process if the machine loses it."""
         full = self._full(key)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as out:
-                sink = HashingWriter(out)
-                self.client.download_fileobj(self.bucket, full, sink, Config=self.transfer_config)
+            self.client.download_file(self.bucket, full, tmp, Config=self.transfer_config)
+            sha256 = file_sha256(Path(tmp))
             os.replace(tmp, path)
-            return sink.sha256()
+            return sha256
         except _VENDOR_ERRORS as err:
             raise _translate(err, "download", self._where(full)) from err
         finally:

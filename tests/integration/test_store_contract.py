@@ -122,7 +122,7 @@ def test_file_round_trip(store, local, size):
 
     dest = local / "nested" / "dir" / "model.safetensors"
     got = store.get_file("trials/t1/checkpoints/step-00000010/model.safetensors", dest)
-    assert got == hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()  # hashed as written
+    assert got == hashlib.sha256(dest.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()  # its sha256
     assert sorted(p.name for p in dest.parent.iterdir()) == ["model.safetensors"]  # no temp file left
 
 
@@ -428,7 +428,7 @@ def test_transfers_survive_throttling(s3_store, s3_server, local):
     data = _random_bytes(BIG_SIZE, seed=11)
     (local / "big.bin").write_bytes(data)
     s3_store.put_file("ckpt/big.bin", local / "big.bin")
-    got = s3_store.get_file("ckpt/big.bin", local / "copy.bin")  # parts retried, written in order, hashed
+    got = s3_store.get_file("ckpt/big.bin", local / "copy.bin")  # parts retried, then hashed
     assert got == hashlib.sha256((local / "copy.bin").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
     small = {f"small/{i}.json": _random_bytes(100 + i, seed=i) for i in range(6)}
     for key, payload in small.items():
