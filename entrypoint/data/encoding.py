@@ -20,9 +20,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PREPROCESS_VERSION",
     "Encoded",
-    "encode_causal",
     "encode_causals",
-    "encode_classification",
     "encode_classifications",
     "encode_image",
     "prepare_tokenizer",
@@ -80,15 +78,13 @@ class Encoded:
     truncated: bool
 
 
-def encode_classification(tokenizer, text: str, label_id: int, max_length: int) -> Encoded:
-    return encode_classifications(tokenizer, [text], [label_id], max_length)[0]
-
-
 def encode_classifications(tokenizer, texts: Sequence[str], label_ids: Sequence[int], max_length: int) -> list[Encoded]:
     """Each text as `tokenizer(text, truncation=True, max_length=max_length)` gives it, with its length
-    before truncation, in at most two tokenizer calls for the whole batch: every text untruncated (its full
-    length, and its features when it fits, where truncation changes nothing), then only the texts longer
-    than max_length again, truncated by the tokenizer itself (its special tokens and strategy kept)."""
+    before truncation. A fast tokenizer whose post-processor adds fixed ids around the text (BERT's
+    [CLS]/[SEP], RoBERTa's <s>/</s>, none) tokenizes each text once (`_classifications_in_one_pass`).
+    Otherwise two tokenizer calls for the whole batch: every text untruncated (its full length, and its
+    features when it fits, where truncation changes nothing), then only the texts longer than max_length
+    again, truncated by the tokenizer itself (its special tokens and strategy kept)."""
     if not texts:
         return []
     once = _classifications_in_one_pass(tokenizer, texts, label_ids, max_length)
@@ -112,38 +108,73 @@ def encode_classifications(tokenizer, texts: Sequence[str], label_ids: Sequence[
 _ENCODING_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
 
 
+@dataclass(frozen=True)
+class _Template:
+    """What a fast tokenizer's post-processor does to one sequence: ids (and type ids) before and after it,
+    and the type id of its own tokens."""
+
+    prefix: list[int]
+    suffix: list[int]
+    prefix_types: list[int]
+    suffix_types: list[int]
+    type_id: int
+
+
+def _template(backend, raw) -> _Template | None:
+    """The post-processor's template, read from what it does to `raw` (an encoding without special tokens,
+    not empty): its ids must appear unchanged and in one piece, with one type id and a mask of ones."""
+    done = backend.post_process(raw, None, add_special_tokens=True)
+    ids, types, n = done.ids, done.type_ids, len(raw)
+    if set(done.attention_mask) != {1}:
+        return None
+    for p in range(len(ids) - n + 1):
+        if ids[p : p + n] == raw.ids and len(set(types[p : p + n])) == 1:
+            return _Template(ids[:p], ids[p + n :], types[:p], types[p + n :], types[p])
+    return None
+
+
 def _classifications_in_one_pass(tokenizer, texts, label_ids, max_length) -> list[Encoded] | None:
     """encode_classifications with one tokenization per text, as the fast tokenizer truncates internally:
     each text encoded without special tokens, cut to max_length less the special tokens its post-processor
-    adds, then post-processed. None (the caller tokenizes the usual way) for a tokenizer without a Rust
-    backend, with features beyond ids, type ids and mask, or whose result for the batch's first text
-    differs from the tokenizer's own call."""
+    adds, then given the post-processor's ids before and after it. None (the caller tokenizes the usual
+    way) for a tokenizer without a Rust backend, with features beyond ids, type ids and mask, that cuts
+    from the left, or whose post-processor is not such a template; also None when the batch's first text,
+    or its first cut one, differs from the tokenizer's own call."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     reference = dict(tokenizer(texts[0], truncation=True, max_length=max_length))
     if backend is None or not set(reference) <= set(_ENCODING_FIELDS):
         return None
-    special = tokenizer.num_special_tokens_to_add(pair=False)
-    if max_length <= special or getattr(tokenizer, "truncation_side", "right") != "right":
+    if getattr(tokenizer, "truncation_side", "right") != "right":
         return None
     backend.no_truncation()
     backend.no_padding()
-    encoded = []
-    raws = backend.encode_batch(list(texts), add_special_tokens=False)
-    for label_id, raw in zip(label_ids, raws, strict=True):
-        full = len(raw.ids) + special
-        if full > max_length:
-            raw.truncate(max_length - special)
-        done = backend.post_process(raw, None, add_special_tokens=True)
-        features = {key: list(getattr(done, _ENCODING_FIELDS[key])) for key in reference}
-        if not encoded and features != reference:
-            return None
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: without character offsets
+    raws = encode(list(texts), add_special_tokens=False)
+    sample = next((raw for raw in raws if len(raw)), None)
+    template = _template(backend, sample) if sample is not None else None
+    if template is None:
+        return None
+    special = len(template.prefix) + len(template.suffix)
+    if max_length <= special:
+        return None
+    keep = max_length - special
+    encoded, checked_cut = [], False
+    for i, (label_id, raw) in enumerate(zip(label_ids, raws, strict=True)):
+        full = len(raw) + special
+        ids = raw.ids if full <= max_length else raw.ids[:keep]
+        features = {"input_ids": template.prefix + ids + template.suffix}
+        if "token_type_ids" in reference:
+            features["token_type_ids"] = template.prefix_types + [template.type_id] * len(ids) + template.suffix_types
+        if "attention_mask" in reference:
+            features["attention_mask"] = [1] * len(features["input_ids"])
+        if i == 0 or (full > max_length and not checked_cut):
+            expected = reference if i == 0 else dict(tokenizer(texts[i], truncation=True, max_length=max_length))
+            if features != {key: expected[key] for key in features} or len(features) != len(expected):
+                return None
+            checked_cut = checked_cut or full > max_length
         features["labels"] = label_id
         encoded.append(Encoded(features, full, full > max_length))
     return encoded
-
-
-def encode_causal(tokenizer, prompt: str, response: str, template: str, max_length: int) -> Encoded:
-    return encode_causals(tokenizer, [prompt], [response], template, max_length)[0]
 
 
 def encode_causals(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -221,36 +220,88 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint32(16))
 
 
-def _sketch(grams: Sequence[set[str]], a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(texts, num_perm) uint32 MinHash values of shingle sets (none empty): the crc32 of each shingle's
-    UTF-8 bytes, pre-mixed, then for each permutation all the batch's shingles at once and the minimum per
-    text (a 1-D reduceat per permutation: contiguous, several times faster than one 2-D reduction). Equal
-    to datasketch's MinHash(num_perm, seed, hashfunc=zlib.crc32, scheme="affine32") of the same shingles."""
-    counts = np.fromiter((len(g) for g in grams), dtype=np.int64, count=len(grams))
-    hashes = _fmix32(np.fromiter((zlib.crc32(s.encode()) for g in grams for s in g), dtype=np.uint32))
-    starts = np.cumsum(counts) - counts
-    out = np.empty((len(a), len(grams)), dtype=np.uint32)
+def _crc_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> np.uint32(1)) ^ np.uint32(0xEDB88320), table >> np.uint32(1))
+    return table.astype(np.uint32)
+
+
+_CRC_TABLE = _crc_table()
+
+
+def _crc32_ranges(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """zlib.crc32 of every byte range buf[start : start + length] (lengths >= 1), all ranges at once: one
+    table step per byte position, over the ranges at least that long (sorted longest first, they are a
+    prefix)."""
+    order = np.argsort(-lengths, kind="stable")
+    position, longest_first = starts[order].astype(np.int64), lengths[order]
+    active = np.searchsorted(-longest_first, -np.arange(int(longest_first[0])), side="left")
+    crc = np.full(len(order), 0xFFFFFFFF, dtype=np.uint32)
+    for m in active:
+        c = crc[:m]
+        crc[:m] = _CRC_TABLE[(c ^ buf[position[:m]]) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
+        position[:m] += 1
+    out = np.empty_like(crc)
+    out[order] = crc ^ np.uint32(0xFFFFFFFF)
+    return out
+
+
+def _shingle_ranges(normalized: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The bytes of normalised texts (none empty) joined by spaces, and each text's word k-grams (or its
+    words, if it has fewer than k) as byte ranges of them: (bytes, starts, lengths, ranges per text). A
+    normalised text's words are separated by single spaces, so "w1 w2 w3", the shingle `_shingles` makes,
+    is exactly the bytes from w1's start to w3's end. Repeated shingles stay (a minimum does not mind)."""
+    data = [text.encode() for text in normalized]
+    buf = np.frombuffer(b" ".join(data), dtype=np.uint8)
+    sizes = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+    text_start = np.cumsum(sizes + 1) - (sizes + 1)
+    spaces = np.flatnonzero(buf == 32)
+    word_start = np.concatenate(([0], spaces + 1))
+    word_end = np.concatenate((spaces, [len(buf)]))
+    word_text = np.searchsorted(text_start, word_start, side="right") - 1
+    words = np.bincount(word_text, minlength=len(data))
+    index_in_text = np.arange(len(word_start)) - (np.cumsum(words) - words)[word_text]
+    short = words[word_text] < k
+    first = np.flatnonzero(short | (index_in_text <= words[word_text] - k))
+    last = np.where(short[first], first, first + k - 1)
+    starts = word_start[first]
+    return buf, starts, word_end[last] - starts, np.bincount(word_text[first], minlength=len(data))
+
+
+def _sketch(normalized: Sequence[str], k: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(texts, num_perm) uint32 MinHash values of normalised texts' word k-gram sets (texts not empty): the
+    crc32 of each shingle's UTF-8 bytes (computed on byte ranges of the batch, no shingle string made),
+    pre-mixed, then for each permutation all the batch's shingles at once and the minimum per text (a 1-D
+    reduceat per permutation: contiguous, several times faster than one 2-D reduction). Equal to
+    datasketch's MinHash(num_perm, seed, hashfunc=zlib.crc32, scheme="affine32") of `_shingles(text, k)`."""
+    buf, starts, lengths, counts = _shingle_ranges(normalized, k)
+    hashes = _fmix32(_crc32_ranges(buf, starts, lengths))
+    offsets = np.cumsum(counts) - counts
+    out = np.empty((len(a), len(normalized)), dtype=np.uint32)
     permuted = np.empty_like(hashes)
-    for k in range(len(a)):
-        np.multiply(hashes, a[k], out=permuted)  # uint32: the wraparound is the mod 2^32
-        np.add(permuted, b[k], out=permuted)
-        out[k] = np.minimum.reduceat(permuted, starts)
+    for p in range(len(a)):
+        np.multiply(hashes, a[p], out=permuted)  # uint32: the wraparound is the mod 2^32
+        np.add(permuted, b[p], out=permuted)
+        out[p] = np.minimum.reduceat(permuted, offsets)
     return out.T
 
 
 def _batches(
     texts: Sequence[str], digests: list[bytes | None], shingle: int, permutations, size: int
 ) -> Iterator[list[tuple]]:
-    """(index, shingle set, MinHash values) of the texts that are not blank, `size` at a time; each text
-    normalised as it is reached."""
+    """(index, normalised text, MinHash values) of the texts that are not blank, `size` at a time. Each
+    text is normalised once, as it is reached; its digest is appended to `digests` then."""
     a, b = permutations
-    batch: list[tuple[int, set[str]]] = []
+    batch: list[tuple[int, str]] = []
     for i, text in enumerate(texts):
-        if digests[i] is not None:
-            batch.append((i, _shingles(normalize_text(text), shingle)))
+        normalized = normalize_text(text)
+        digests.append(_digest(normalized))
+        if normalized:
+            batch.append((i, normalized))
         if len(batch) == size or (batch and i == len(texts) - 1):
-            values = _sketch([grams for _, grams in batch], a, b)
-            yield [(i, grams, row) for (i, grams), row in zip(batch, values, strict=True)]
+            values = _sketch([t for _, t in batch], shingle, a, b)
+            yield [(i, t, row) for (i, t), row in zip(batch, values, strict=True)]
             batch = []
 
 
@@ -264,10 +315,11 @@ def _near(
     shingle: int,
     seed: int,
 ) -> list[LeakPair]:
-    """Near (not exact) duplicates of the wanted pairs. `names` go smallest first: each split is queried
-    against the indexes of the smaller splits it is paired with (built earlier), then inserted into its
-    own index if a larger split is paired with it; its sketches are computed once, in one stream, from
-    texts normalised as they are reached (no normalised copy of a split is kept)."""
+    """Near (not exact) duplicates of the wanted pairs; fills `digests` (empty lists) on the way. `names`
+    go smallest first: each split is queried against the indexes of the smaller splits it is paired with
+    (built earlier), then inserted into its own index if a larger split is paired with it; its digests and
+    sketches are computed once, in one stream, from texts normalised as they are reached (no normalised
+    copy of a split is kept)."""
     rank = {name: i for i, name in enumerate(names)}
     bands, rows = _lsh_params(threshold, num_perm)
     permutations = _permutations(num_perm, seed)
@@ -282,7 +334,8 @@ def _near(
             keys = [i for i, _, _ in batch]
             table = _band_hashes(np.stack([values for _, _, values in batch]), bands, rows)
             for other in query_into:
-                for (i, grams, _), candidates in zip(batch, indexes[other].query(table), strict=True):
+                for (i, normalized, _), candidates in zip(batch, indexes[other].query(table), strict=True):
+                    grams = _shingles(normalized, shingle) if candidates else set()
                     for j in sorted(candidates):
                         if digests[other][j] == mine[i]:
                             continue  # reported as exact
@@ -325,10 +378,9 @@ def find_leaks(
     """
     wanted = _validate(splits, pairs, threshold, num_perm, shingle)
     names = sorted({name for pair in wanted for name in pair}, key=lambda name: (len(splits[name]), name))
-    digests = {name: [_digest(normalize_text(text)) for text in splits[name]] for name in names}
-
+    digests: dict[str, list[bytes | None]] = {name: [] for name in names}
+    near = _near(splits, digests, wanted, names, threshold, num_perm, shingle, seed)
     leaks = [LeakPair("exact", a, i, b, j, 1.0) for a, b in wanted for i, j in _exact(digests[a], digests[b])]
-
-    leaks += _near(splits, digests, wanted, names, threshold, num_perm, shingle, seed)
+    leaks += near
     leaks.sort(key=lambda leak: (leak.a_split, leak.a_index, leak.b_split, leak.b_index))
     return leaks

