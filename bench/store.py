@@ -128,10 +128,16 @@ def bench_transfers(endpoint: str, server_pid: int, size_mb: int, repeats: int, 
                 times.append(seconds)
         if i >= 0:
             out = tmp / f"down-{i}"
-            down_r.append(_timed(lambda out=out: find_latest(store, "ckpt", out, print), server))
-            down_p.append(_timed(lambda i=i, out=out: [
-                plain.download_file(bucket, f"plain/{i}/{f.name}", str(out / f.name)) for f in files
-            ], server))  # fmt: skip
+            downloads = [
+                (down_r, lambda out=out: find_latest(store, "ckpt", out / "rentune", print)),
+                (down_p, lambda i=i, out=out: [
+                    plain.download_file(bucket, f"plain/{i}/{f.name}", str(out / "plain" / f.name)) for f in files
+                ]),
+            ]  # fmt: skip
+            (out / "plain").mkdir(parents=True)
+            for k in range(len(downloads)):  # in turn first, as the uploads
+                times, download = downloads[(i + k) % len(downloads)]
+                times.append(_timed(download, server))
             shutil.rmtree(out)
         _empty(plain, bucket)  # moto holds every object in memory: keep each round's server the same
     print(f"{size_mb} MB, {repeats} rounds. Wall s: median, best round; CPU s (medians): client, server; rentune/boto3")

@@ -8,6 +8,7 @@ contacted.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-__all__ = ["HOST", "Faults", "MotoServer", "SeaweedServer", "create_bucket", "raw_client"]
+__all__ = ["HOST", "CutShort", "Faults", "MotoServer", "SeaweedServer", "create_bucket", "raw_client"]
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0  # importing moto takes a few seconds; a loaded CI runner can take much longer
@@ -381,6 +382,51 @@ class _Body:
 
     def stream(self, **_kwargs):
         yield self.data
+
+
+class _ShortBody(_Body):
+    """A response body that ends early: botocore's StreamingBody, reading past its end, raises
+    IncompleteReadError against the Content-Length, as after a connection cut mid-body."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self._stream = io.BytesIO(data)
+
+    def read(self, amt=None):
+        return self._stream.read(amt)
+
+    def close(self):
+        pass
+
+
+class CutShort:
+    """A botocore 'before-send' hook answering the first `times` ranged GETs whose first byte lies in
+    [lo, hi) itself: a 206 with the range's real bytes (from `data`, the object's content) cut to half,
+    under the full Content-Length. Records every ranged GET's range."""
+
+    def __init__(self, data: bytes, lo: int, hi: int, times: int = 1):
+        self.data, self.lo, self.hi, self.times = data, lo, hi, times
+        self.cut = 0
+        self.ranges: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, request, **_kwargs):
+        header = request.headers.get("Range")
+        if request.method != "GET" or header is None:
+            return None
+        first, last = (int(x) for x in (header.decode() if isinstance(header, bytes) else header)[6:].split("-"))
+        with self._lock:
+            self.ranges.append((first, last))
+            if not self.lo <= first < self.hi or self.cut == self.times:
+                return None
+            self.cut += 1
+        body = self.data[first : last + 1]
+        headers = {
+            "Content-Length": str(len(body)),
+            "Content-Range": f"bytes {first}-{last}/{len(self.data)}",
+            "Content-Type": "application/octet-stream",
+        }
+        return AWSResponse(request.url, 206, headers, _ShortBody(body[: len(body) // 2]))
 
 
 class Faults:

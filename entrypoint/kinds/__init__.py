@@ -67,9 +67,8 @@ def kind_for(
 
     model = TextClassifier(spec)
     serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT)
-    return Kind(
-        "text_classifier", TextData(spec, model.fields(), model), model, task, stores_tokens=True, serving=serving
-    )
+    data = TextData(spec, model.fields(), model)
+    return Kind("text_classifier", data, model, task, stores_tokens=True, serving=serving, encodes_in_tokenizer=True)
 
 
 def encoder_for(spec: JobSpec, model_dir: str, labels: list[str]) -> Callable[[Sequence[dict]], list[Encoded]]:

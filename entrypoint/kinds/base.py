@@ -121,7 +121,10 @@ class Serving:
 @dataclass(frozen=True)
 class Kind:
     """One job's three sides. `stores_tokens`: the data phase stores the encoded splits (data/tokens.py)
-    that later phases memory-map; otherwise (pixels) each phase encodes the rows it reads."""
+    that later phases memory-map; otherwise (pixels) each phase encodes the rows it reads.
+    `encodes_in_tokenizer`: the kind's `encode` spends nearly all its time inside the fast tokenizer,
+    whose own threads then use every core in this process; otherwise (chat templates rendered per row in
+    Python) large splits are encoded by a process per core."""
 
     name: str  # "text_classifier" | "image_classifier" | "causal_lm"
     data: DataSide
@@ -129,3 +132,4 @@ class Kind:
     task: TaskSide
     stores_tokens: bool
     serving: Serving
+    encodes_in_tokenizer: bool = False

@@ -146,7 +146,7 @@ def store_tokens(
     folder = ctx.workdir / "tokens" / key
     folder.mkdir(parents=True, exist_ok=True)
     encoded, files = {}, {}
-    processes = tokenize_processes(sum(len(rows) for rows in canonical.values()))
+    processes = tokenize_processes(sum(len(rows) for rows in canonical.values()), ctx.kind.encodes_in_tokenizer)
     with encoder_pool(encoder_for, (ctx.spec, str(ctx.model_dir), labels), processes) as pool:
         if pool is not None:
             ctx.log(f"data: tokenizing in {processes} processes")

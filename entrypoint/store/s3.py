@@ -23,8 +23,6 @@ from pathlib import Path
 
 import boto3
 from boto3.exceptions import Boto3Error
-from boto3.exceptions import RetriesExceededError as Boto3RetriesExceededError
-from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -33,7 +31,6 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceededError
 
 from entrypoint.store.base import (
     UPLOAD_FILES_AT_ONCE,
@@ -47,7 +44,7 @@ from entrypoint.store.base import (
     check_key,
     join_key,
 )
-from entrypoint.store.hashing import file_sha256
+from entrypoint.store.s3_download import download_hashed
 from entrypoint.store.s3_upload import PartBuffers, expect_continue, upload_hashed
 
 __all__ = ["ADDRESSING_STYLES", "S3Store"]
@@ -84,15 +81,13 @@ _TRANSIENT_CODES = {  # the S3 ones of botocore.retries.standard's throttling/tr
     "InternalError",
     "ServiceUnavailable",
 }
-# Failures of the connection or of reading a response body, and s3transfer giving up on a download stream.
+# Failures of the connection or of reading a response body (after s3_download's own tries of a part).
 _TRANSIENT_EXCEPTIONS = (
     BotoConnectionError,
     HTTPClientError,
     IncompleteReadError,
-    TransferRetriesExceededError,
-    Boto3RetriesExceededError,
 )
-_VENDOR_ERRORS = (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceededError)
+_VENDOR_ERRORS = (ClientError, BotoCoreError, Boto3Error)
 
 
 def _error_code(err: ClientError) -> tuple[str, int]:
@@ -102,7 +97,7 @@ def _error_code(err: ClientError) -> tuple[str, int]:
 
 
 def _translate(err: Exception, op: str, where: str) -> StoreError:
-    """The store's own error for a boto3/botocore/s3transfer failure of `op` on `where` (s3://bucket/key)."""
+    """The store's own error for a boto3/botocore failure of `op` on `where` (s3://bucket/key)."""
     if isinstance(err, ClientError):
         code, status = _error_code(err)
         message = f"{where}: {op} failed: {code or status} {err}"
@@ -197,18 +192,10 @@ class S3Store:
         )
         self.endpoint = f"{self.client.meta.endpoint_url} (bucket {bucket})"
         self.multipart_threshold, self.max_concurrency = multipart_threshold, max_concurrency
+        self.part_size = multipart_chunksize  # of downloads too
         # every upload of this store reads its parts into these (a file of over 10,000 parts gets its own)
         self.part_buffers = PartBuffers(multipart_chunksize, UPLOAD_BUFFERS_PER_WORKER * max_concurrency)
         self.client.meta.events.register("before-call.s3.UploadPart", expect_continue)
-        self.transfer_config = TransferConfig(
-            multipart_threshold=multipart_threshold,
-            multipart_chunksize=multipart_chunksize,
-            max_concurrency=max_concurrency,
-            use_threads=True,
-            # The classic manager honours this config and the client's retries, events and checksum
-            # settings; "auto" would switch to the CRT client on some instance types when awscrt is present.
-            preferred_transfer_client="classic",
-        )
 
     @classmethod
     def from_uri(
@@ -320,20 +307,19 @@ class S3Store:
             raise _translate(err, "upload", self._where(full)) from err
 
     def get_file(self, key: str, path: Path) -> str:
-        """Parts are fetched in parallel (the transfer config's concurrency) straight into a temp file, which
-        is then hashed from the page cache. Not hashed while downloading: boto3 writes a stream target in
-        order only through a bounded window of parts scheduled from its own worker threads, which
-        deadlocked here (s3transfer's GetObjectFirstChunkOnDoneCallback waiting on the window). Not
-        fsynced: a downloaded copy is scratch, checked by its caller against the sha256 returned here and
-        fetched again by the next process if the machine loses it."""
+        """Download into `path` (a temp file beside it, renamed over it once whole) and return its sha256,
+        computed while the parts download (s3_download.download_hashed). Not fsynced: a downloaded copy is
+        scratch, checked by its caller against the sha256 returned here and fetched again by the next
+        process if the machine loses it."""
         full = self._full(key)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
-        os.close(fd)
         try:
-            self.client.download_file(self.bucket, full, tmp, Config=self.transfer_config)
-            sha256 = file_sha256(Path(tmp))
+            try:
+                sha256 = download_hashed(self.client, self.bucket, full, fd, self.part_size, self.max_concurrency)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
             return sha256
         except _VENDOR_ERRORS as err:

@@ -33,7 +33,7 @@ from entrypoint.store.base import (
 from entrypoint.store.checkpoint import upload_files
 from entrypoint.store.s3 import CONFLICT_RETRIES, S3Store
 from tests.integration.conftest import TEST_PART_SIZE
-from tests.s3server import Faults, create_bucket, raw_client
+from tests.s3server import CutShort, Faults, create_bucket, raw_client
 
 MiB = 1 << 20
 BIG_SIZE = 12 * MiB  # > TEST_PART_SIZE: 3 parts up, 3 ranged GETs down
@@ -441,6 +441,37 @@ def test_transfers_survive_throttling(s3_store, s3_server, local):
     stored = raw.get_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/ckpt/big.bin")["Body"].read()
     assert stored == data
     assert faults.injected >= 3, f"only {faults.injected} of {faults.sent} requests failed: nothing tested"
+
+
+def test_a_part_cut_short_is_asked_for_again_from_where_it_stopped(s3_store, s3_server, local):
+    """The second part's body ends halfway: the download asks for the rest of that
+    part only (a range starting past the part's start), and the file arrives whole with its sha256."""
+    data = _random_bytes(BIG_SIZE, seed=17)
+    (local / "big.bin").write_bytes(data)
+    s3_store.put_file("cut.bin", local / "big.bin")
+    cut = CutShort(data, TEST_PART_SIZE, TEST_PART_SIZE + 1)
+    s3_store.client.meta.events.register("before-send.s3", cut)
+    got = s3_store.get_file("cut.bin", local / "copy.bin")
+    assert cut.cut == 1
+    assert got == hashlib.sha256(data).hexdigest() and (local / "copy.bin").read_bytes() == data
+    again = [first for first, last in cut.ranges if TEST_PART_SIZE < first < 2 * TEST_PART_SIZE]
+    assert again == [TEST_PART_SIZE + TEST_PART_SIZE // 2]  # the bytes already written are not fetched again
+
+
+def test_a_part_that_keeps_stopping_short_fails_the_download_and_leaves_no_file(s3_store, s3_server, local):
+    from entrypoint.store.s3_download import ATTEMPTS
+
+    data = _random_bytes(BIG_SIZE, seed=19)
+    (local / "big.bin").write_bytes(data)
+    s3_store.put_file("cut.bin", local / "big.bin")
+    cut = CutShort(data, 0, TEST_PART_SIZE, times=10**6)  # every request of the first part
+    s3_store.client.meta.events.register("before-send.s3", cut)
+    with pytest.raises(TransientStoreError, match=f"s3://{s3_store.bucket}/{s3_store.prefix}/cut.bin: download"):
+        s3_store.get_file("cut.bin", local / "copy.bin")
+    starts = [first for first, _ in cut.ranges if first < TEST_PART_SIZE]
+    assert cut.cut == len(starts) == ATTEMPTS
+    assert starts == sorted(set(starts))  # each try from the byte the one before reached
+    assert not (local / "copy.bin").exists() and list(local.glob(".tmp-*")) == []
 
 
 @pytest.mark.parametrize(
