@@ -16,6 +16,7 @@ and no sketch of the side that is queried is kept (a candidate's text is normali
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,8 @@ from typing import Literal
 import numpy as np
 
 from entrypoint.data.normalize import normalize_text
+from entrypoint.data.pool import processes_for, worker_pool
+from entrypoint.data.spool import chunked
 
 __all__ = ["LEAKCHECK_VERSION", "LeakPair", "find_leaks"]
 
@@ -287,22 +290,37 @@ def _sketch(normalized: Sequence[str], k: int, a: np.ndarray, b: np.ndarray) -> 
     return out.T
 
 
-def _batches(
-    texts: Sequence[str], digests: list[bytes | None], shingle: int, permutations, size: int
-) -> Iterator[list[tuple]]:
-    """(index, normalised text, MinHash values) of the texts that are not blank, `size` at a time. Each
-    text is normalised once, as it is reached; its digest is appended to `digests` then."""
-    a, b = permutations
-    batch: list[tuple[int, str]] = []
-    for i, text in enumerate(texts):
-        normalized = normalize_text(text)
-        digests.append(_digest(normalized))
-        if normalized:
-            batch.append((i, normalized))
-        if len(batch) == size or (batch and i == len(texts) - 1):
-            values = _sketch([t for _, t in batch], shingle, a, b)
-            yield [(i, t, row) for (i, t), row in zip(batch, values, strict=True)]
-            batch = []
+def _sketcher(shingle: int, num_perm: int, seed: int):
+    """What sketches a part of a split, here or in each worker process (data/pool.py): each text
+    normalised once, its digest, and the MinHash values of those not blank."""
+    a, b = _permutations(num_perm, seed)
+
+    def sketch(texts: Sequence[str]) -> tuple[list[bytes | None], np.ndarray | None]:
+        normalized = [normalize_text(text) for text in texts]
+        kept = [text for text in normalized if text]
+        return [_digest(text) for text in normalized], (_sketch(kept, shingle, a, b) if kept else None)
+
+    return sketch
+
+
+def _batches(texts: Sequence[str], digests: list[bytes | None], sketch, workers, size: int) -> Iterator[list[tuple]]:
+    """(index, text, MinHash values) of the texts that are not blank, `size` texts at a time, sketched by
+    `workers` when given (in order), else here by `sketch`; each text's digest is appended to `digests`."""
+    sent: collections.deque = collections.deque()
+
+    def parts() -> Iterator[list[str]]:
+        for part in chunked(texts, size):
+            sent.append(part)
+            yield part
+
+    start = 0
+    for part_digests, values in workers.map(parts()) if workers is not None else map(sketch, parts()):
+        part = sent.popleft()
+        digests.extend(part_digests)
+        kept = [(start + k, text) for k, (text, digest) in enumerate(zip(part, part_digests, strict=True)) if digest]
+        start += len(part)
+        if kept:
+            yield [(i, text, row) for (i, text), row in zip(kept, values, strict=True)]
 
 
 def _near(
@@ -314,43 +332,59 @@ def _near(
     num_perm: int,
     shingle: int,
     seed: int,
+    processes: int | None = None,
 ) -> list[LeakPair]:
     """Near (not exact) duplicates of the wanted pairs; fills `digests` (empty lists) on the way. `names`
     go smallest first: each split is queried against the indexes of the smaller splits it is paired with
     (built earlier), then inserted into its own index if a larger split is paired with it; its digests and
     sketches are computed once, in one stream, from texts normalised as they are reached (no normalised
-    copy of a split is kept)."""
+    copy of a split is kept), by `processes` worker processes (data/pool.py; default: one per core from
+    50,000 texts in all) while this one queries and indexes."""
     rank = {name: i for i, name in enumerate(names)}
     bands, rows = _lsh_params(threshold, num_perm)
-    permutations = _permutations(num_perm, seed)
+    sketch = _sketcher(shingle, num_perm, seed)
     indexes: dict[str, BandIndex] = {}
     found: list[LeakPair] = []
-    for name in names:
-        query_into = sorted({other for pair in wanted if name in pair for other in pair if rank[other] < rank[name]})
-        build_index = any(name in pair and rank[other] > rank[name] for pair in wanted for other in pair)
-        mine = digests[name]
-        index = BandIndex(bands) if build_index else None
-        for batch in _batches(splits[name], mine, shingle, permutations, _BATCH):
-            keys = [i for i, _, _ in batch]
-            table = _band_hashes(np.stack([values for _, _, values in batch]), bands, rows)
-            for other in query_into:
-                for (i, normalized, _), candidates in zip(batch, indexes[other].query(table), strict=True):
-                    grams = _shingles(normalized, shingle) if candidates else set()
-                    for j in sorted(candidates):
-                        if digests[other][j] == mine[i]:
-                            continue  # reported as exact
-                        similarity = _jaccard(grams, _shingles(normalize_text(splits[other][j]), shingle))
-                        if similarity < threshold:
-                            continue
-                        if (name, other) in wanted:
-                            found.append(LeakPair("near", name, i, other, j, similarity))
-                        else:
-                            found.append(LeakPair("near", other, j, name, i, similarity))
-            if index is not None:
-                index.insert(keys, table)
+    processes = processes if processes is not None else processes_for(sum(len(splits[name]) for name in names))
+    with worker_pool(_sketcher, (shingle, num_perm, seed), processes) as workers:
+        for name in names:
+            found += _near_split(
+                splits, digests, wanted, rank, name, indexes, sketch, workers, bands, rows, threshold, shingle
+            )
+    return found
+
+
+def _near_split(
+    splits, digests, wanted, rank, name: str, indexes, sketch, workers, bands: int, rows: int, threshold, shingle
+) -> list[LeakPair]:
+    """_near's work for split `name`: its texts queried against the smaller paired splits' indexes, then
+    inserted into its own index if a larger split is paired with it."""
+    found: list[LeakPair] = []
+    query_into = sorted({other for pair in wanted if name in pair for other in pair if rank[other] < rank[name]})
+    build_index = any(name in pair and rank[other] > rank[name] for pair in wanted for other in pair)
+    mine = digests[name]
+    index = BandIndex(bands) if build_index else None
+    for batch in _batches(splits[name], mine, sketch, workers, _BATCH):
+        keys = [i for i, _, _ in batch]
+        table = _band_hashes(np.stack([values for _, _, values in batch]), bands, rows)
+        for other in query_into:
+            for (i, text, _), candidates in zip(batch, indexes[other].query(table), strict=True):
+                grams = _shingles(normalize_text(text), shingle) if candidates else set()
+                for j in sorted(candidates):
+                    if digests[other][j] == mine[i]:
+                        continue  # reported as exact
+                    similarity = _jaccard(grams, _shingles(normalize_text(splits[other][j]), shingle))
+                    if similarity < threshold:
+                        continue
+                    if (name, other) in wanted:
+                        found.append(LeakPair("near", name, i, other, j, similarity))
+                    else:
+                        found.append(LeakPair("near", other, j, name, i, similarity))
         if index is not None:
-            index.freeze()
-            indexes[name] = index
+            index.insert(keys, table)
+    if index is not None:
+        index.freeze()
+        indexes[name] = index
     return found
 
 
@@ -361,6 +395,7 @@ def find_leaks(
     num_perm: int = 128,
     shingle: int = 3,
     seed: int = 1,
+    processes: int | None = None,
 ) -> list[LeakPair]:
     """Leaks between the given split pairs, e.g. [("train","eval"),("train","test"),("eval","test")].
 
@@ -372,6 +407,9 @@ def find_leaks(
     b_index). The LSH is tuned for recall (about 99% of pairs at exactly the threshold become candidates,
     more above it), so a near duplicate is missed only rarely and only when close to the threshold.
 
+    `processes`: how many processes normalise and sketch (default: data/pool.py's processes_for the texts
+    in all); the result does not depend on it.
+
     Raises ValueError, listing every problem, for threshold outside (0, 1], num_perm < 16, shingle < 1,
     unknown split names in `pairs`, a split paired with itself, or a pair given in both orientations.
     Raises TypeError if a text is not a str.
@@ -379,7 +417,7 @@ def find_leaks(
     wanted = _validate(splits, pairs, threshold, num_perm, shingle)
     names = sorted({name for pair in wanted for name in pair}, key=lambda name: (len(splits[name]), name))
     digests: dict[str, list[bytes | None]] = {name: [] for name in names}
-    near = _near(splits, digests, wanted, names, threshold, num_perm, shingle, seed)
+    near = _near(splits, digests, wanted, names, threshold, num_perm, shingle, seed, processes)
     leaks = [LeakPair("exact", a, i, b, j, 1.0) for a, b in wanted for i, j in _exact(digests[a], digests[b])]
     leaks += near
     leaks.sort(key=lambda leak: (leak.a_split, leak.a_index, leak.b_split, leak.b_index))

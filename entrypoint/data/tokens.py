@@ -17,20 +17,17 @@ Image jobs keep encoding in each phase (their features are pixel tensors, decode
 from __future__ import annotations
 
 import bisect
-import collections
-import contextlib
-import ctypes
 import hashlib
 import itertools
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from entrypoint.data.encoding import Encoded
+from entrypoint.data.pool import Workers, processes_for, worker_pool
 from entrypoint.store.hashing import file_sha256
 
 __all__ = [
@@ -52,7 +49,6 @@ __all__ = [
 
 TOKENS_FORMAT = "arrow-ipc-1"
 CHUNK = 10_000  # examples encoded (and written) at a time: a progress line each, bounded Python lists
-PARALLEL_FROM = 50_000  # rows from which the data phase tokenizes in several processes
 
 
 def tokens_key(data_version: str, max_length: int, labels: Sequence[str]) -> str:
@@ -94,68 +90,30 @@ def tokenize_processes(rows: int, in_tokenizer: bool = False) -> int:
     """Processes that tokenize `rows` examples: RENTUNE_TOKENIZE_PROCESSES if set (its earlier name
     RENTUNE_TOKENIZE_WORKERS is still read); else one when the encoding runs `in_tokenizer` (the fast
     tokenizer's threads use every core, without the processes' start and transfers: 1.3x faster on
-    bench/data_scale.py) or below PARALLEL_FROM rows (starting a process costs seconds); else one per core
+    bench/data_scale.py); else data/pool.py's processes_for: one below 50,000 rows, else one per core
     up to 8."""
     chosen = os.environ.get("RENTUNE_TOKENIZE_PROCESSES") or os.environ.get("RENTUNE_TOKENIZE_WORKERS")
     if chosen:
         return max(1, int(chosen))
-    if in_tokenizer or rows < PARALLEL_FROM:
-        return 1
-    return max(1, min(8, len(os.sched_getaffinity(0))))
+    return 1 if in_tokenizer else processes_for(rows)
 
 
-class Encoders:
-    """The processes that encode chunks of rows (see encoder_pool)."""
-
-    def __init__(self, pool, processes: int):
-        self.pool, self.processes = pool, processes
-
-    def map(self, parts: Iterator[Sequence[dict]]) -> Iterator:
-        """Each part encoded as a record batch, in order, with at most two parts per process in flight
-        (Pool.imap would queue every part at once and buffer results the writer has not taken yet)."""
-        pending: collections.deque = collections.deque()
-        for part in parts:
-            pending.append(self.pool.apply_async(_encode_in_process, (part,)))
-            if len(pending) >= 2 * self.processes:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+def _tokens_encoder(make_encoder: Callable[..., Callable[[Sequence[dict]], list[Encoded]]], *args):
+    """In each process: the kind's encoder, its results as a record batch (Arrow buffers travel back, not
+    millions of Python ints)."""
+    encode = make_encoder(*args)
+    return lambda rows: record_batch(encode(rows))
 
 
 @contextmanager
 def encoder_pool(
     make_encoder: Callable[..., Callable[[Sequence[dict]], list[Encoded]]], args: tuple, processes: int
-) -> Iterator[Encoders | None]:
-    """`processes` processes that each build their encoder once (`make_encoder(*args)`: a module-level
-    function, as spawned processes import it by name; it loads the processor) and encode chunks of rows
-    (None for one process: the caller encodes in its own process). Each dies with its parent (Linux
-    PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind; the pool is closed on exit."""
-    if processes <= 1:
-        yield None
-        return
-    import multiprocessing
-
-    pool = multiprocessing.get_context("spawn").Pool(processes, _start_process, (make_encoder, args))
-    try:
-        yield Encoders(pool, processes)
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-_process_encode: Callable[[Sequence[dict]], list[Encoded]] | None = None
-
-
-def _start_process(make_encoder, args: tuple) -> None:
-    global _process_encode
-    with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the pool's own cleanup
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the processes are the parallelism
-    _process_encode = make_encoder(*args)
-
-
-def _encode_in_process(rows: Sequence[dict]):
-    return record_batch(_process_encode(rows))  # Arrow buffers travel back, not millions of Python ints
+) -> Iterator[Workers | None]:
+    """`processes` processes (data/pool.py) that each build their encoder once (`make_encoder(*args)`: a
+    module-level function; it loads the processor) and encode chunks of rows into record batches (None for
+    one process: the caller encodes in its own process)."""
+    with worker_pool(_tokens_encoder, (make_encoder, *args), processes) as pool:
+        yield pool
 
 
 def tokenize(
@@ -163,7 +121,7 @@ def tokenize(
     rows: Sequence[dict],
     name: str,
     log: Callable[[str], None],
-    pool: Encoders | None = None,
+    pool: Workers | None = None,
 ) -> Iterator:
     """`rows` encoded CHUNK at a time, in order, as Arrow record batches (`record_batch`), by `pool`'s
     processes when given, else by `encode` here, with a progress line (rows tokenized, rate) after each

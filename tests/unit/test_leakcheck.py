@@ -181,6 +181,21 @@ def test_each_text_sketched_once_and_only_the_smaller_side_indexed(monkeypatch):
     assert all(len(index.sorted) == index.bands and len(index.sorted[0]) in (10, 20) for index in indexes)
 
 
+def test_worker_processes_find_what_one_process_finds():
+    """Sketches made by two worker processes (spawned, as on a large split) give the same leaks, pair for
+    pair and similarity for similarity, as this process alone; blank texts and parts of several batches
+    included."""
+    rng = random.Random(8)
+    words = [f"w{k}" for k in range(400)]
+    base = [" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(2600)]
+    test = [t if k % 3 else t + " extra" for k, t in enumerate(base[:300])] + ["", "  ", "!!"]
+    splits = {"train": base[300:] + base[:40] + [""], "test": test}
+    one = find_leaks(splits, [("train", "test")], threshold=0.6, processes=1)
+    two = find_leaks(splits, [("train", "test")], threshold=0.6, processes=2)
+    assert two == one
+    assert {leak.kind for leak in one} == {"exact", "near"}
+
+
 @pytest.mark.parametrize("num_perm", [64, 128])
 @pytest.mark.parametrize("threshold", [0.3, 0.5, 0.8, 1.0])
 def test_lsh_bands_keep_recall_at_the_threshold(threshold, num_perm):
