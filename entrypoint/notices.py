@@ -35,7 +35,15 @@ from pathlib import Path
 
 from entrypoint.errors import InvalidInput
 
-__all__ = ["Notice", "NoticeSettings", "detect_provider", "notice_settings", "notice_source", "watching_notices"]
+__all__ = [
+    "Notice",
+    "NoticeSettings",
+    "detect_provider",
+    "notice_provider",
+    "notice_settings",
+    "notice_source",
+    "watching_notices",
+]
 
 MODES = ("auto", "aws", "gcp", "off")
 ENDPOINTS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
@@ -222,16 +230,22 @@ def notice_settings(environ=os.environ) -> NoticeSettings:
     return NoticeSettings(_mode(environ), url, _poll_seconds(environ))
 
 
-def notice_source(environ=os.environ, dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID):
-    """The endpoint to poll for this process (AwsNotices or GcpNotices), or None: off, or auto on a machine
-    that is neither. Raises InvalidInput on a bad setting (notice_settings)."""
+def notice_provider(environ=os.environ, dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID) -> str | None:
+    """The provider whose notices this process watches ("aws", "gcp"), or None: what the plan's notice window
+    is measured against (its lead time, jobspec.plan.NOTICE_SECONDS). Raises InvalidInput on a bad setting."""
     settings = notice_settings(environ)
     if settings.mode == "off":
         return None
-    provider = detect_provider(dmi, hypervisor) if settings.mode == "auto" else settings.mode
+    return detect_provider(dmi, hypervisor) if settings.mode == "auto" else settings.mode
+
+
+def notice_source(environ=os.environ, dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID):
+    """The endpoint to poll for this process (AwsNotices or GcpNotices), or None: off, or auto on a machine
+    that is neither. Raises InvalidInput on a bad setting (notice_settings)."""
+    provider = notice_provider(environ, dmi, hypervisor)
     if provider is None:
         return None
-    base = settings.metadata_url or ENDPOINTS[provider]
+    base = notice_settings(environ).metadata_url or ENDPOINTS[provider]
     return AwsNotices(base) if provider == "aws" else GcpNotices(base)
 
 

@@ -25,7 +25,7 @@ from entrypoint.errors import Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
-from entrypoint.notices import watching_notices
+from entrypoint.notices import notice_provider, watching_notices
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from entrypoint.training.device import preflight
@@ -222,7 +222,8 @@ def _start_attempt(ctx: PhaseContext, root: Store, attempt: int) -> None:
         aborted = abort_stale(join_key("jobs", ctx.spec.job.id), STALE_UPLOAD_S)
         if aborted:
             log(f"store: aborted {aborted} multipart upload(s) left by an interrupted process")
-    store.put_bytes(f"attempts/{attempt}/env.json", dumps(environment()))
+    # The provider whose notice bounds the plan's notice window (jobspec.plan.notice_window).
+    store.put_bytes(f"attempts/{attempt}/env.json", dumps({**environment(), "notice_provider": notice_provider()}))
     for earlier in previous_attempts(store, attempt)[-1:]:
         if earlier["outcome"] != "completed":
             log(f"rentune: attempt {earlier['attempt']} ended {earlier['outcome']}: {earlier.get('error')}; continuing")

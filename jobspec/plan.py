@@ -30,12 +30,15 @@ __all__ = [
     "DEFAULT_BUDGETS",
     "DEFAULT_MARGIN",
     "DEFAULT_STEP_SECONDS",
+    "NOTICE_SECONDS",
+    "NoticeWindow",
     "PhasePlan",
     "WINDOW_SECONDS",
     "count_split_examples",
     "count_train_examples",
     "detectable_from_size",
     "make_plan",
+    "notice_window",
     "planned_steps",
     "power_lines",
 ]
@@ -64,6 +67,8 @@ TRAIN_OVERHEAD = 1.1
 # every_minutes: auto commits first after this long (which measures the commit cost), then at Young/Daly's
 # interval for the cost measured at the newest commit.
 AUTO_FIRST_MINUTES = 10.0
+# A spot node's warning before it goes, by the provider the notice watcher detects (entrypoint/notices.py).
+NOTICE_SECONDS = {"aws": 120.0, "gcp": 30.0}
 
 
 def young_daly_minutes(commit_seconds: float, mtbf_hours: float) -> float:
@@ -87,6 +92,135 @@ def checkpoint_policy_text(policy) -> str:
     elif policy.every_minutes:
         when.append(f"every {policy.every_minutes:g} minutes")
     return "checkpoints: " + ", ".join([*when, "on SIGTERM and at the end"]) + f"; keep {policy.keep}"
+
+
+@dataclass(frozen=True)
+class NoticeWindow:
+    """What a stop costs (SIGTERM: docker stop, a spot notice, the lease's end), from measured figures: the
+    commit that follows it, whether that fits the time the node has left, and, when it does not, what one
+    interruption loses and the periodic interval that keeps the loss within training.checkpoint.max_lost_minutes."""
+
+    commit_seconds: float  # SIGTERM to committed: the step in progress, the local save, the upload in line
+    worst_seconds: float  # the same after waiting for a periodic commit in flight (at most one)
+    formula: str
+    limit_seconds: float  # what it must fit: grace_seconds, or the detected provider's notice when shorter
+    limit: str  # "grace_seconds 90 s", "gcp's notice 30 s"
+    fits: bool
+    interval_minutes: float | None  # periodic commits in force (None: only on SIGTERM and at the end)
+    interval_source: str  # "spec", or "plan": set here to bound the loss
+    bound_minutes: float  # training.checkpoint.max_lost_minutes
+    lost_minutes: float | None = None  # when it does not fit: the most one interruption loses
+    lost_steps: int | None = None
+    problem: str = ""  # the loss cannot be bounded: why, and what to change
+
+    def line(self) -> str:
+        """One line for `rentune plan`, `rentune status` and the report."""
+        text = f"notice window: a commit on SIGTERM takes {self.commit_seconds:.3g} s ({self.formula})"
+        if self.worst_seconds > self.commit_seconds:
+            text += f", up to {self.worst_seconds:.3g} s with a periodic commit in flight"
+        others = ", ".join(
+            f"{name.upper()}'s {seconds:g} s {'fits' if self.worst_seconds <= seconds else 'does NOT fit'}"
+            for name, seconds in NOTICE_SECONDS.items()
+        )
+        if self.fits:
+            return f"{text}: fits {self.limit} ({others})"
+        text += f": does NOT fit {self.limit} ({others}); "
+        if self.problem:
+            return text + self.problem
+        if self.lost_minutes is None:  # no periodic checkpoint, and no trial length known yet
+            return text + "an interruption loses everything since the trial started (no periodic checkpoint)"
+        every = (
+            "no periodic commits"
+            if self.interval_minutes is None
+            else f"periodic commits every {self.interval_minutes:.3g} min"
+        )
+        set_by = (
+            f"set by the plan for training.checkpoint.max_lost_minutes {self.bound_minutes:g}"
+            if self.interval_source == "plan"
+            else "as the spec says"
+        )
+        return (
+            f"{text}an interruption loses up to {self.lost_minutes:.3g} min ({self.lost_steps} steps) since the last "
+            f"committed checkpoint; {every} ({set_by})"
+        )
+
+
+def _periodic_seconds(policy, step: float, commit: float) -> float | None:
+    """The spec's periodic interval in seconds (the shortest of its triggers), or None without one."""
+    candidates = []
+    if policy.every_steps:
+        candidates.append(policy.every_steps * step)
+    if policy.every_minutes == "auto":
+        candidates.append(young_daly_minutes(commit, policy.mtbf_hours) * 60.0)
+    elif policy.every_minutes:
+        candidates.append(policy.every_minutes * 60.0)
+    return min(candidates) if candidates else None
+
+
+def notice_window(
+    spec: JobSpec, figures: dict[str, Figure], provider: str | None = None, trial_seconds: float | None = None
+) -> NoticeWindow | None:
+    """The notice window from the measured step, checkpoint save, checkpoint bytes and store rate (None until
+    the probe has measured them). `provider`: the cloud the notice watcher detected ("aws", "gcp"), whose
+    notice bounds the window when shorter than grace_seconds. `trial_seconds`: the main trial's length, what
+    an interruption loses without any periodic checkpoint."""
+    needed = ("step", "checkpoint_blocked", "checkpoint_bytes", "store_rate")
+    if any(name not in figures for name in needed):
+        return None
+    f = {name: figures[name].value for name in needed}
+    policy = spec.training.checkpoint
+    upload = f["checkpoint_bytes"] / f["store_rate"]
+    commit = f["step"] + f["checkpoint_blocked"] + upload
+    formula = (
+        f"step {_s(f['step'])} + save {_s(f['checkpoint_blocked'])} + upload {_s(upload)} of "
+        f"{f['checkpoint_bytes'] / 1e9:.3g} GB at {f['store_rate'] / 1e6:.3g} MB/s"
+    )
+    periodic = _periodic_seconds(policy, f["step"], f["checkpoint_blocked"] + upload)
+    worst = commit + (upload if periodic is not None else 0.0)
+    limit, label = policy.grace_seconds, f"grace_seconds {policy.grace_seconds:g} s"
+    if provider in NOTICE_SECONDS and NOTICE_SECONDS[provider] < limit:
+        limit, label = NOTICE_SECONDS[provider], f"{provider.upper()}'s notice {NOTICE_SECONDS[provider]:g} s"
+    window = dict(
+        commit_seconds=commit, worst_seconds=worst, formula=formula, limit_seconds=limit, limit=label,
+        bound_minutes=policy.max_lost_minutes,
+    )  # fmt: skip
+    interval = None if periodic is None else periodic / 60.0
+    if worst <= limit:
+        return NoticeWindow(**window, fits=True, interval_minutes=interval, interval_source="spec")
+    # The stop's commit is cut by the node's end: what is lost is everything since the last committed
+    # checkpoint, up to a periodic interval plus the commit that ends it (without one, the whole trial).
+    cost = f["checkpoint_blocked"] + upload
+    bound = policy.max_lost_minutes * 60.0
+    since = periodic if periodic is not None else (trial_seconds if trial_seconds is not None else math.inf)
+    source = "spec"
+    if since + cost > bound:
+        if bound - cost < cost:  # the next commit would start before this one ended: one at a time
+            problem = (
+                f"a checkpoint takes {_s(cost)} to save and upload, so the loss cannot be kept within "
+                f"training.checkpoint.max_lost_minutes {policy.max_lost_minutes:g}; cut: raise it, checkpoint "
+                "less (LoRA instead of a full fine-tune), raise grace_seconds and docker's --stop-timeout, or "
+                "use a faster store"
+            )
+            return NoticeWindow(
+                **window, fits=False, interval_minutes=interval, interval_source="spec", problem=problem
+            )
+        since, source = bound - cost, "plan"
+    lost = since + cost
+    steps = math.ceil(lost / f["step"]) if math.isfinite(lost) else None
+    return NoticeWindow(
+        **window, fits=False, interval_minutes=since / 60.0 if source == "plan" else interval,
+        interval_source=source, lost_minutes=lost / 60.0 if math.isfinite(lost) else None, lost_steps=steps,
+    )  # fmt: skip
+
+
+def notice_unmeasured(spec: JobSpec) -> str:
+    """The notice-window line before the probe has measured a checkpoint."""
+    grace = spec.training.checkpoint.grace_seconds
+    notices = ", ".join(f"{name.upper()} {seconds:g} s" for name, seconds in NOTICE_SECONDS.items())
+    return (
+        f"notice window: not measured yet (the probe times a checkpoint's save, its bytes and the store's rate); "
+        f"a commit on SIGTERM must fit grace_seconds {grace:g} s and the provider's notice ({notices})"
+    )
 
 
 def planned_steps(training: Training, n_train: int, world_size: int = 1) -> int:
@@ -226,6 +360,8 @@ class PhasePlan:
     expected_end: float = 0.0  # seconds after the lease start when the job should end, as predicted now
     figures: dict = field(default_factory=dict)  # name -> {"value", "source"}: what the plan was made from
     merge_seconds: float = 0.0  # the export's merge and parity check (export.merged), within its slot
+    notice: dict | None = None  # NoticeWindow as a dict, once measured
+    notice_line: str = ""  # what the plan says of it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,6 +385,8 @@ class PhasePlan:
         lines.append(f"training stops by {_hm(self.train_deadline)} after the lease start, whatever its step count")
         if self.checkpoints:
             lines.append(self.checkpoints)
+        if self.notice_line:
+            lines.append(self.notice_line)
         return "\n".join(lines)
 
 
@@ -425,10 +563,12 @@ def make_plan(
     steps_done: dict[str, int] | None = None,
     figures: dict[str, Figure] | None = None,
     counts: dict[str, int] | None = None,
+    provider: str | None = None,
 ) -> PhasePlan:
     """Cut the lease into slots. `elapsed`: lease seconds already used; `measured`: seconds committed phases
     took; `steps_done`: optimizer steps each trial has behind it; `figures`: what the job has measured so far
-    (FIGURES); `counts`: examples per split (train, eval, test), when known. A slot is predicted from the
+    (FIGURES); `counts`: examples per split (train, eval, test), when known; `provider`: the cloud whose
+    interruption notices the job watches (its notice bounds the notice window). A slot is predicted from the
     figures when every one it needs is there, else it keeps its default budget (`"source": "default"`).
     Problems (what does not fit, and what to cut) are listed in `problems`; empty means the spec fits."""
     window = window or spec.rental.window
@@ -506,8 +646,11 @@ def make_plan(
     trained = needed if needed <= room else room + tail
     expected_end = start + trained + sum(s for name, s, _, _ in after if name not in measured)
     merge = merge_need(figures, counts) if spec.merges else None
+    main_seconds = budgets[0].steps * step if budgets else None
+    notice = notice_window(spec, figures, provider, main_seconds)
     return PhasePlan(
         window, lease, margin, step, "measured" if "step" in figures else "estimate", elapsed, slots, budgets,
         train_deadline, problems, checkpoint_policy_text(spec.training.checkpoint), expected_end,
         {name: asdict(figure) for name, figure in sorted(figures.items())}, merge[0] if merge else 0.0,
+        asdict(notice) if notice else None, notice.line() if notice else notice_unmeasured(spec),
     )  # fmt: skip

@@ -495,6 +495,14 @@ class CheckpointPolicy(_Section):
         le=3600.0,
         description="After SIGTERM: time to finish the step and commit. Match docker's --stop-timeout.",
     )
+    max_lost_minutes: float = Field(
+        30.0,
+        gt=0.0,
+        le=1440.0,
+        description="What one interruption may cost at most, when the commit on SIGTERM cannot finish within "
+        "grace_seconds or the provider's notice (AWS 120 s, GCP 30 s): the plan then commits periodically often "
+        "enough that the work since the last committed checkpoint stays within these minutes.",
+    )
 
     @field_validator("every_minutes")
     @classmethod

@@ -139,6 +139,7 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
             committed = [s for s, names in list_steps(store, checkpoint_prefix(trial.id)).items() if MANIFEST in names]
             steps_done[trial.id] = max(committed, default=0)
     start = lease_start(spec, store) if start is None else start
+    environment = next((_json(store, f"attempts/{n}/env.json") for n in attempt_numbers(store)[-1:]), None) or {}
     plan = make_plan(
         spec,
         n_train,
@@ -147,6 +148,7 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
         steps_done=steps_done,
         figures=figures_from(spec, store),
         counts=counts,
+        provider=environment.get("notice_provider"),
     )
     return {
         **plan.to_dict(),

@@ -91,6 +91,8 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
                 f"{_hm(plan['lease_end_at'] - plan['expected_end_at'])} left before the lease ends, the "
                 f"{_hm(plan['margin_seconds'])} margin included"
             )
+        if plan.get("notice_line"):  # a plan of an earlier rentune has none
+            lines.append(plan["notice_line"])
         lines += [f"plan: {problem}" for problem in plan["problems"]]
     budgets = {slot["name"]: slot for slot in plan["slots"]} if plan else {}
     lines += ["", f"{'phase':<10} {'state':<10} {'took':>8} {'budget':>8} {'deadline':>9}"]

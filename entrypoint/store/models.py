@@ -64,7 +64,7 @@ from entrypoint.store import (
 )
 from entrypoint.store.base import UPLOAD_FILES_AT_ONCE
 from entrypoint.store.checkpoint import upload_files
-from entrypoint.store.hashing import file_sha256, weights_sha256
+from entrypoint.store.hashing import files_sha256_memo, remember, weights_sha256
 from entrypoint.store.objects import read_json
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "ModelMismatch",
     "fetch_model",
     "files_sha256",
+    "hash_memo",
     "model_cache",
     "model_sha256",
     "push_model",
@@ -90,6 +91,13 @@ class ModelMismatch(Conflict):
 def model_cache() -> Path:
     """Where downloaded models live on this node: RENTUNE_MODEL_CACHE, else ~/.cache/rentune/models."""
     return Path(os.environ.get("RENTUNE_MODEL_CACHE") or Path.home() / ".cache/rentune/models").expanduser()
+
+
+def hash_memo(folder: Path) -> Path:
+    """The memo of `folder`'s file hashes on this node (store/hashing.py's files_sha256_memo): one file per
+    model folder, under the model cache, named by the folder's absolute path."""
+    name = hashlib.sha256(str(Path(folder).absolute()).encode()).hexdigest()[:32]
+    return model_cache() / ".hashes" / f"{name}.json"  # hidden: the cache lists models only
 
 
 def model_sha256(files: dict[str, dict]) -> str:
@@ -113,7 +121,7 @@ def push_model(store: Store, folder: Path, log: Callable[[str], None], follow_li
     for name in _NOT_MODEL_FILES:  # a folder from a node's cache carries the manifest it was fetched with
         paths.pop(name, None)
     started = time.monotonic()
-    ours = _hash_local(paths)
+    ours = _hash_local(folder, paths)
     if store.head(MODEL_MANIFEST) is not None:  # pushed and finished (or by an earlier rentune, unclaimed)
         return _same_or_refuse(store, ours, log)
     check_conditional_writes(store, "")  # a store that ignored If-None-Match would let two claims win
@@ -160,15 +168,11 @@ def _files_of(folder: Path, follow_links: bool) -> dict[str, Path]:
     return paths
 
 
-def _hash_local(paths: dict[str, Path]) -> dict[str, dict]:
-    """name -> size, sha256 of every local file (a few at once), before anything is claimed or uploaded."""
-
-    def one(name: str) -> tuple[str, dict]:
-        return name, {"size": paths[name].stat().st_size, "sha256": file_sha256(paths[name])}
-
-    threads = max(1, min(UPLOAD_FILES_AT_ONCE, len(paths)))
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hash") as pool:
-        return dict(sorted(pool.map(one, paths)))
+def _hash_local(folder: Path, paths: dict[str, Path]) -> dict[str, dict]:
+    """name -> size, sha256 of every local file (a few at once; unchanged files this node has hashed before
+    from its memo), before anything is claimed or uploaded. The upload hashes what it sends again."""
+    hashes = files_sha256_memo(list(paths.values()), hash_memo(folder), threads=UPLOAD_FILES_AT_ONCE)
+    return {name: {"size": paths[name].stat().st_size, "sha256": hashes[paths[name]]} for name in sorted(paths)}
 
 
 def _differ(listed: object, ours: dict) -> str:
@@ -296,6 +300,10 @@ def fetch_model(store: Store, cache: Path, log: Callable[[str], None]) -> Path:
         (partial / MODEL_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # last
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
+        # Every byte was hashed as it arrived and matched the manifest: the job's base-model hash (and each
+        # later process's on this node) reads these from the memo instead of reading the weights again.
+        with contextlib.suppress(OSError):
+            remember(hash_memo(folder), {folder / name: info["sha256"] for name, info in files.items()}, None)
     size = sum(info["size"] for info in files.values())
     seconds = time.monotonic() - started
     log(f"model: downloaded {store.uri}: {len(files)} files, {size / 1e6:.1f} MB in {seconds:.1f} s, sha256 verified")

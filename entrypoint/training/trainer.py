@@ -230,13 +230,22 @@ class StoreCheckpointCallback(TrainerCallback):
         clock: Callable[[], float] = time.time,
         status_key: str | None = None,
         background: bool = True,
+        cap_minutes: float | None = None,
     ):
         self.policy, self.sigterm, self.log, self.background = policy, sigterm, log, background
         self.committer = Committer(store, prefix, meta, policy.keep, log, status_key=status_key)
         self.deadline, self.clock = deadline, clock  # the plan's training deadline (wall clock)
         self.last_commit = time.monotonic()
         auto = policy.every_minutes == "auto"
-        self.interval_minutes: float | None = AUTO_FIRST_MINUTES if auto else policy.every_minutes
+        # The plan's notice window: a commit on SIGTERM cannot finish before the node goes, so periodic
+        # commits at least this often keep what an interruption loses within max_lost_minutes.
+        self.cap_minutes = cap_minutes
+        self.interval_minutes: float | None = self._capped(AUTO_FIRST_MINUTES if auto else policy.every_minutes)
+        if cap_minutes is not None:
+            log(
+                f"checkpoint: committing at least every {cap_minutes:.3g} min: the plan's notice window (a commit on "
+                f"SIGTERM would not finish in time; training.checkpoint.max_lost_minutes {policy.max_lost_minutes:g})"
+            )
         # with every_minutes: auto, the interval chosen from the newest measured commit, and why
         self.interval: dict | None = {"policy": "auto", "mtbf_hours": policy.mtbf_hours} if auto else None
         self.deadline_hit_at: int | None = None
@@ -258,12 +267,18 @@ class StoreCheckpointCallback(TrainerCallback):
         if not done or self.interval.get("step") == done[-1]["step"]:
             return
         cost = done[-1]["blocked_s"] + done[-1]["commit_s"]
-        self.interval_minutes = young_daly_minutes(cost, self.policy.mtbf_hours)
+        self.interval_minutes = self._capped(young_daly_minutes(cost, self.policy.mtbf_hours))
         self.interval.update(step=done[-1]["step"], commit_cost_s=round(cost, 3), minutes=self.interval_minutes)
         self.log(
             f"checkpoint: every_minutes auto: a commit costs {cost:.1f} s, MTBF {self.policy.mtbf_hours:g} h "
             f"-> every {self.interval_minutes:.1f} min (sqrt(2 x C x MTBF))"
         )
+
+    def _capped(self, minutes: float | None) -> float | None:
+        """`minutes`, or the plan's cap when that is shorter (or the only interval)."""
+        if self.cap_minutes is None:
+            return minutes
+        return self.cap_minutes if minutes is None else min(minutes, self.cap_minutes)
 
     def checkpoint_bytes(self) -> int:
         """What the next checkpoint will take on disk: the last one's size, else the estimate."""

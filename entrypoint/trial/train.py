@@ -53,7 +53,7 @@ from entrypoint.training.trainer import (
 from jobspec.experiments import MAIN, Trial, trial_spec
 from jobspec.schema import JobSpec
 
-__all__ = ["InvalidTrial", "train_trial", "training_deadline"]
+__all__ = ["InvalidTrial", "plan_checkpoint_minutes", "train_trial", "training_deadline"]
 
 
 class InvalidTrial(RuntimeError):
@@ -67,6 +67,18 @@ def training_deadline(ctx: PhaseContext) -> tuple[float | None, dict]:
     except ObjectNotFound:
         return None, {}
     return plan["train_deadline_at"], {t["id"]: t["seconds"] for t in plan["trials"]}
+
+
+def plan_checkpoint_minutes(ctx: PhaseContext) -> float | None:
+    """The periodic checkpoint interval the plan set to bound what an interruption loses (its notice window:
+    a commit on SIGTERM that cannot finish in time), or None where the spec's own interval stands."""
+    try:
+        notice = ctx.read_json("plan.json").get("notice")
+    except ObjectNotFound:
+        return None
+    if isinstance(notice, dict) and notice.get("interval_source") == "plan":
+        return notice.get("interval_minutes")
+    return None
 
 
 def train_trial(ctx: PhaseContext, trial: Trial) -> dict:
@@ -303,6 +315,7 @@ def _fit(
             deadline=deadline,
             clock=ctx.clock,
             status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
+            cap_minutes=plan_checkpoint_minutes(ctx),
         )
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()
