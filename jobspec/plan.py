@@ -168,6 +168,9 @@ def notice_window(
     if any(name not in figures for name in needed):
         return None
     f = {name: figures[name].value for name in needed}
+    # On SIGTERM the last checkpoint is written in line: staged copies or not, every byte reaches the disk.
+    if "checkpoint_write" in figures:
+        f["checkpoint_blocked"] = max(f["checkpoint_blocked"], figures["checkpoint_write"].value)
     policy = spec.training.checkpoint
     upload = f["checkpoint_bytes"] / f["store_rate"]
     commit = f["step"] + f["checkpoint_blocked"] + upload
@@ -316,6 +319,7 @@ FIGURES = {
     "store_rate": "bytes per second the store takes",
     "checkpoint_blocked": "what one checkpoint costs the training loop (local save; the commit runs alongside)",
     "checkpoint_bytes": "bytes of one checkpoint (weights and optimizer state): the last one is committed in line",
+    "checkpoint_write": "a checkpoint's files written to local disk (what a commit on SIGTERM waits for in line)",
     "weights_bytes": "bytes of a trial's trained weights (what is fetched, verified and exported)",
     "model_bytes": "bytes of the base model's weights (what a merged export reads, and about what it writes)",
 }

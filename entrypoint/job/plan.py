@@ -80,6 +80,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
     put("model_bytes", probe.get("model_bytes"), "probe: the base model's weight files")
     if cost:
         put("checkpoint_blocked", cost["save_seconds"], f"probe: a {cost['bytes'] / 1e6:.3g} MB checkpoint saved")
+        put("checkpoint_write", cost["save_seconds"], f"probe: a {cost['bytes'] / 1e6:.3g} MB checkpoint written")
         put("checkpoint_bytes", cost["bytes"], "probe: trainable weights and optimizer state")
         put("store_rate", cost["bytes"] / max(cost["put_seconds"], 1e-6), f"probe: {cost['bytes'] / 1e6:.3g} MB put")
         put("weights_bytes", cost["weights_bytes"], "probe: the trainable parameters' bytes")
@@ -96,6 +97,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
         n = timings.get("predict_examples")
         put("predict", _per_example(timings.get("predict"), n), f"{source}: {n} eval predictions")
         put("checkpoint_blocked", timings.get("checkpoint_save"), f"{source}: checkpoints saved")
+        put("checkpoint_write", timings.get("checkpoint_write"), f"{source}: checkpoints written to disk")
         put("store_rate", timings.get("store_rate"), f"{source}: checkpoints committed")
         put("checkpoint_bytes", timings.get("checkpoint_bytes"), f"{source}: its last checkpoint")
     for phase in ("evaluate", "test"):

@@ -34,6 +34,7 @@ __all__ = [
     "job_store",
     "jsonl_lines",
     "phase_result_key",
+    "progress_key",
     "read_json",
     "read_jsonl",
     "rank_result_key",
@@ -81,6 +82,12 @@ def tracking_key(trial_id: str) -> str:
 def commit_status_key(trial_id: str) -> str:
     """Where a trial's failing streak of background checkpoint commits is recorded (for `rentune status`)."""
     return f"trials/{trial_id}/commit-status.json"
+
+
+def progress_key(trial_id: str) -> str:
+    """The step a trial's training has reached, written every PROGRESS_EVERY_S (entrypoint/training/trainer.py)
+    with the interruptions seen so far: what a resumed process counts as lost."""
+    return f"trials/{trial_id}/progress.json"
 
 
 def rank_result_key(trial_id: str) -> str:

@@ -350,6 +350,13 @@ def limitations(results: dict, train: dict, baseline_method: str, task_notes: li
     if test["override"]:
         notes.append(f"The test split had been opened before; it was reopened on request: {test['override']['reason']}")
     for trial_id, record in train.items():
+        interruptions = record.get("interruptions") or []
+        if interruptions:
+            lost = ", ".join(str(i["lost_steps"]) for i in interruptions)
+            notes.append(
+                f"Trial {trial_id} was interrupted {len(interruptions)} time(s); steps lost to each: {lost} (from "
+                "the step each process last recorded, every few seconds: at least that many)."
+            )
         if record.get("platform_change"):
             notes.append(f"Trial {trial_id} resumed on a different platform: {record['platform_change']['now']}.")
     if results["environment"].get("backend") == "cpu":

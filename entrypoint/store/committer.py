@@ -39,8 +39,9 @@ def _size(folder: Path) -> int:
 class Committer:
     """Commits checkpoint folders to `prefix` in `store`, in the background or in the caller's thread.
 
-    `records` holds one dict per checkpoint handed over: step, bytes, background, commit_s (None until
-    committed) and error; the caller adds how long training was blocked. `committed` lists the steps
+    `records` holds one dict per checkpoint handed over: step, bytes (None until its files are written),
+    background, commit_s (None until committed; the deferred writes included, written_s of them) and
+    error; the caller adds how long training was blocked. `committed` lists the steps
     whose manifest is written.
     """
 
@@ -73,19 +74,21 @@ class Committer:
         self._thread = None
         return time.monotonic() - started
 
-    def commit(self, step: int, folder: Path, background: bool) -> dict:
+    def commit(self, step: int, folder: Path, background: bool, before: Callable[[], None] | None = None) -> dict:
         """Commit `folder` as checkpoint `step`, after the commit in flight: in a background thread
-        (returns at once) or here (raises what the commit raised). Returns the step's record."""
+        (returns at once) or here (raises what the commit raised). `before` runs first, in the same thread
+        (the checkpoint's deferred writes: entrypoint/training/staging.py); its failure fails the commit.
+        Returns the step's record (its bytes counted once `before` has run)."""
         self.wait()
-        record = {"step": step, "bytes": _size(folder), "background": background, "commit_s": None, "error": None}
+        record = {"step": step, "bytes": None, "background": background, "commit_s": None, "error": None}
         self.records.append(record)
         if background:
             self._thread = threading.Thread(
-                target=self._run, args=(step, folder, record, False), name=f"commit-step-{step}", daemon=True
+                target=self._run, args=(step, folder, record, False, before), name=f"commit-step-{step}", daemon=True
             )
             self._thread.start()
         else:
-            self._run(step, folder, record, True)
+            self._run(step, folder, record, True, before)
         return record
 
     @property
@@ -101,9 +104,13 @@ class Committer:
                 f"nothing saved. The last error: {self.last_error}"
             ) from self.last_error
 
-    def _run(self, step: int, folder: Path, record: dict, reraise: bool) -> None:
+    def _run(self, step: int, folder: Path, record: dict, reraise: bool, before: Callable[[], None] | None) -> None:
         started = time.monotonic()
         try:
+            if before is not None:
+                before()
+                record["written_s"] = round(time.monotonic() - started, 3)
+            record["bytes"] = _size(folder)
             commit_checkpoint(self.store, self.prefix, step, folder, self.meta, nodes=self.nodes)
         except Exception as exc:  # noqa: BLE001 - recorded, counted, and raised by raise_if_failing
             record["error"] = f"{type(exc).__name__}: {exc}"

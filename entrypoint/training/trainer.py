@@ -11,6 +11,7 @@ What rentune adds to the Trainer's loop, as callback events:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,20 +20,23 @@ import statistics
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
 from entrypoint.errors import EXIT_INTERRUPTED, DiskFull
-from entrypoint.store import Store
+from entrypoint.store import Store, StoreError
 from entrypoint.store.checkpoint import CheckpointError, Nodes
 from entrypoint.store.committer import Committer
 from entrypoint.training.disk import check_room
 from entrypoint.training.distributed import node_count, node_rank
 from entrypoint.training.memory import PeakMemory
 from entrypoint.training.paramcheck import ParameterCheck
+from entrypoint.training.staging import Stager
 from entrypoint.training.throughput import ThroughputMeter
 from jobspec.plan import AUTO_FIRST_MINUTES, planned_steps, young_daly_minutes
 from jobspec.schema import CheckpointPolicy, Training
@@ -41,8 +45,10 @@ __all__ = [
     "DivergenceCallback",
     "FirstStepsCallback",
     "NonFiniteLoss",
+    "PROGRESS_EVERY_S",
     "ProgressCallback",
     "StepClock",
+    "StagingTrainer",
     "StoreCheckpointCallback",
     "build_trainer",
     "graceful_sigterm",
@@ -53,6 +59,8 @@ __all__ = [
     "step_losses",
     "throughput_text",
 ]
+
+PROGRESS_EVERY_S = 10.0  # how often the step reached is recorded (one small PUT): what a resume can tell was lost
 
 # Files the Trainer writes that rentune does not keep: training_args.bin is a pickle holding the work
 # directory (so its bytes differ per run), and the spec already says everything it holds.
@@ -231,12 +239,17 @@ class StoreCheckpointCallback(TrainerCallback):
         status_key: str | None = None,
         background: bool = True,
         cap_minutes: float | None = None,
+        progress: dict | None = None,
     ):
         self.policy, self.sigterm, self.log, self.background = policy, sigterm, log, background
         self.committer = Committer(store, prefix, meta, policy.keep, log, status_key=status_key)
         self.deadline, self.clock = deadline, clock  # the plan's training deadline (wall clock)
         self.last_commit = time.monotonic()
         auto = policy.every_minutes == "auto"
+        # {"key": where, **what to record beside the step}: the step reached, every PROGRESS_EVERY_S and at
+        # SIGTERM, so that a process resuming the trial knows what an interruption lost (best effort).
+        self.progress, self._progress_at = progress, -math.inf
+        self.store = store
         # The plan's notice window: a commit on SIGTERM cannot finish before the node goes, so periodic
         # commits at least this often keep what an interruption loses within max_lost_minutes.
         self.cap_minutes = cap_minutes
@@ -252,6 +265,9 @@ class StoreCheckpointCallback(TrainerCallback):
         self._final = False  # the save the Trainer is about to make is the last of this process
         self._save_asked_at: float | None = None
         self.estimate_bytes = 0  # a first checkpoint's size before any was written: 12 bytes per trainable
+        # A full fine-tune's weights and optimizer state, copied aside by the trainer (StagingTrainer) and
+        # written to disk by the commit's thread instead of the training loop's.
+        self.stager = Stager(log)
 
     @property
     def committed(self) -> list[int]:
@@ -282,7 +298,8 @@ class StoreCheckpointCallback(TrainerCallback):
 
     def checkpoint_bytes(self) -> int:
         """What the next checkpoint will take on disk: the last one's size, else the estimate."""
-        return self.records[-1]["bytes"] if self.records else self.estimate_bytes
+        sizes = [r["bytes"] for r in self.records if r["bytes"] is not None]  # the one in flight: not yet
+        return sizes[-1] if sizes else self.estimate_bytes
 
     def _room_problem(self, args, step: int) -> str | None:
         """Why the work dir cannot hold the next checkpoint, or None (training/disk.py's check)."""
@@ -349,7 +366,27 @@ class StoreCheckpointCallback(TrainerCallback):
                 self.log(f"train: the plan's training deadline has passed; stopping at step {state.global_step}")
         self._final = end or stop
         self._save_asked_at = time.monotonic() if control.should_save else None
+        self._record_progress(state, stop)
         return control
+
+    def _record_progress(self, state, stop: bool) -> None:
+        now = time.monotonic()
+        if self.progress is None or not state.is_world_process_zero:
+            return
+        if not stop and now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        record = {**self.progress, "step": state.global_step, "at": time.time()}
+        key = record.pop("key")
+        with contextlib.suppress(StoreError):  # the store may be what is failing; the step goes on
+            self.store.put_bytes(key, (json.dumps(record, sort_keys=True) + "\n").encode())
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        # At a step that both evaluates and saves, the Trainer evaluates first: the save starts now. Counted
+        # from the step's end, an eval-loss pass would pass for checkpoint cost (and for the plan's notice
+        # window, which adds the save to every commit on SIGTERM).
+        if self._save_asked_at is not None:
+            self._save_asked_at = time.monotonic()
 
     def on_save(self, args, state, control, **kwargs):
         saved_at = time.monotonic()
@@ -360,9 +397,10 @@ class StoreCheckpointCallback(TrainerCallback):
             return
         asked_at = self._save_asked_at or saved_at
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        reproducible_files(folder)
-        waited = self.committer.wait()  # at most one commit in flight
+        writes, staged_wait = self.stager.take()  # this checkpoint's staged tensors, written by its commit
+        waited = self.committer.wait() + staged_wait  # at most one commit in flight
         if self.committer.failing:  # that one completed a failing streak: start no other commit
+            self.stager.drop(writes)
             if not _distributed():
                 self.committer.raise_if_failing()
             # Under torchrun this rank alone must not raise (the others would wait for it in the next
@@ -372,7 +410,13 @@ class StoreCheckpointCallback(TrainerCallback):
         if waited > 0.05:
             self.log(f"checkpoint: waited {waited:.1f} s for the commit before step {state.global_step}'s")
         background = self.background and not self._final
-        record = self.committer.commit(state.global_step, folder, background=background)
+
+        def write() -> None:  # in the commit's thread, before its upload
+            self.stager.run(writes)
+            reproducible_files(folder)
+
+        record = self.committer.commit(state.global_step, folder, background=background, before=write)
+        record["staged"] = bool(writes)
         record["local_save_s"] = round(saved_at - asked_at, 3)
         record["waited_s"] = round(waited, 3)
         record["blocked_s"] = round(time.monotonic() - asked_at, 3)
@@ -457,6 +501,57 @@ class FirstStepsCallback(TrainerCallback):
             self.peak_bytes = self.peak.peak
 
 
+class StagingTrainer(Trainer):
+    """The HF Trainer, except that at a checkpoint of a full fine-tune it copies the weights and the
+    optimizer state aside (entrypoint/training/staging.py) and defers their writing to the checkpoint's
+    commit, so training goes on after a copy in memory rather than after the disk took every byte. The
+    calls that write them are the Trainer's own (save_pretrained, torch.save), on the copy."""
+
+    stager: Stager | None = None  # StoreCheckpointCallback's, set by build_trainer
+    _in_checkpoint = False
+
+    def _save_checkpoint(self, model, trial):
+        self._in_checkpoint = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._in_checkpoint = False
+
+    def _stages(self) -> bool:
+        return (
+            self._in_checkpoint
+            and self.stager is not None
+            and self.args.should_save
+            and not self.is_deepspeed_enabled
+            and not self.is_fsdp_enabled
+        )
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if not self._stages() or type(unwrapped).__module__.startswith("peft"):  # an adapter: small
+            return super()._save(output_dir, state_dict)
+        state = state_dict if state_dict is not None else unwrapped.state_dict()
+        if self.stager.decline("model", state) is not None:
+            return super()._save(output_dir, state_dict)
+        staged = self.stager.stage("model", state)
+        os.makedirs(output_dir, exist_ok=True)  # the rest of the checkpoint is written there meanwhile
+        self.stager.defer(lambda: Trainer._save(self, output_dir, state_dict=staged))
+        return None
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if not self._stages():
+            return super()._save_optimizer_and_scheduler(output_dir)
+        state = self.optimizer.state_dict()
+        if self.stager.decline("optimizer", state) is not None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        staged = self.stager.stage("optimizer", state)
+        self.stager.defer(lambda: torch.save(staged, os.path.join(output_dir, OPTIMIZER_NAME)))
+        with warnings.catch_warnings():  # the scheduler's few bytes, in line as the Trainer writes them
+            warnings.simplefilter("ignore")
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+        return None
+
+
 def build_trainer(
     model,
     data_collator,
@@ -518,7 +613,7 @@ def build_trainer(
         deepspeed=deepspeed,
         ddp_find_unused_parameters=False,  # LoRA leaves frozen parameters without gradients by design
     )
-    trainer = Trainer(
+    trainer = StagingTrainer(
         model=model,
         args=args,
         train_dataset=train_features,
@@ -526,6 +621,8 @@ def build_trainer(
         data_collator=data_collator,
         callbacks=list(callbacks),
     )
+    savers = [c for c in callbacks if isinstance(c, StoreCheckpointCallback)]
+    trainer.stager = savers[0].stager if savers else None
     trainer.remove_callback(PrinterCallback)  # ProgressCallback prints one readable line per log instead
     # Gradient accumulation must average, not sum. The Trainer divides each microbatch loss by the number of
     # accumulated steps unless it believes the model normalises by `num_items_in_batch` itself. Causal LM

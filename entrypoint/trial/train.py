@@ -25,7 +25,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.packing import step_rows
 from entrypoint.data.tokens import features_of, token_counts
 from entrypoint.errors import Interrupted
-from entrypoint.job.state import commit_status_key, to_jsonl
+from entrypoint.job.state import commit_status_key, progress_key, to_jsonl
 from entrypoint.store import ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest
 from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params
@@ -37,6 +37,7 @@ from entrypoint.training.environment import environment, platform_summary
 from entrypoint.training.model import adaptation_summary, hash_base_model
 from entrypoint.training.throughput import CountingCollator, ThroughputMeter, flops_per_token, peak_flops
 from entrypoint.training.trainer import (
+    PROGRESS_EVERY_S,
     DivergenceCallback,
     FirstStepsCallback,
     NonFiniteLoss,
@@ -111,9 +112,10 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
     started = time.perf_counter()  # the StepClock's timer
     setup = _prepare(ctx, trial)
     resume, platform_change = _resume_point(ctx, trial, setup)
+    interruptions = _interruptions(ctx, trial, resume)
     clock = StepClock()
     with graceful_sigterm(setup.spec.training.checkpoint.grace_seconds, ctx.log) as sigterm:
-        trainer, saver, first_steps, meter = _fit(ctx, trial, setup, resume, sigterm, clock)
+        trainer, saver, first_steps, meter = _fit(ctx, trial, setup, resume, sigterm, clock, interruptions)
     final = setup.out / "final"
     trainer.save_model(str(final))  # every rank takes part (ZeRO-3 gathers); the main process writes
     if not trainer.is_world_process_zero():
@@ -143,6 +145,8 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         "steps": state.global_step,
         "planned_steps": state.max_steps,
         "resumed_from_step": resume.step if resume else None,
+        # each earlier process of this trial: the step it reached (recorded every 30 s), where the next resumed
+        "interruptions": interruptions,
         "platform_change": platform_change,
         # From every step of the run, all attempts included (the checkpoints carry the Trainer's log).
         "train_loss": mean_train_loss(state.log_history),
@@ -168,8 +172,12 @@ def _timings(started: float, clock: StepClock, checkpoints: list[dict], predict:
     """This process's figures for the plan (entrypoint/job/plan.py): its setup before training began, the
     median step, each eval-loss pass, what a checkpoint cost the loop and the store's rate on the commits,
     and the predictions on eval at the end."""
-    saves = [r["local_save_s"] for r in checkpoints if r.get("background") and r.get("local_save_s") is not None]
+    periodic = [r for r in checkpoints if r.get("background") and r.get("local_save_s") is not None]
+    saves = [r["local_save_s"] for r in periodic]
+    # what a checkpoint's files take to reach the disk: the loop's save, and the staged writes after it
+    writes = [r["local_save_s"] + (r.get("written_s") or 0.0) for r in periodic]
     committed = [r for r in checkpoints if (r.get("commit_s") or 0) > 0.01 and r.get("bytes")]
+    uploads = [r["commit_s"] - (r.get("written_s") or 0.0) for r in committed]
     return {
         "setup": round(clock.began - started, 4) if clock.began is not None else None,  # the same timer
         "step": clock.median_step(),
@@ -177,7 +185,8 @@ def _timings(started: float, clock: StepClock, checkpoints: list[dict], predict:
         "eval_loss_passes": [round(s, 4) for s in clock.eval_seconds],
         # saves that evaluated first (the last) are left out: the eval-loss passes count them
         "checkpoint_save": statistics.median(saves) if saves else None,
-        "store_rate": sum(r["bytes"] for r in committed) / sum(r["commit_s"] for r in committed) if committed else None,
+        "checkpoint_write": statistics.median(writes) if writes else None,
+        "store_rate": sum(r["bytes"] for r in committed) / sum(uploads) if committed and sum(uploads) > 0 else None,
         "checkpoint_bytes": checkpoints[-1].get("bytes") if checkpoints else None,
         "predict": round(predict, 4),
         "predict_examples": examples,
@@ -249,6 +258,27 @@ def _download_once_per_node(ctx: PhaseContext, trial: Trial, out: Path) -> Check
         return resume
 
 
+def _interruptions(ctx: PhaseContext, trial: Trial, resume: Checkpoint | None) -> list[dict]:
+    """Every earlier process of this trial that stopped before its end, with the step it had reached (its
+    last progress record: at most PROGRESS_EVERY_S old, so the steps lost are a lower bound when it was
+    killed) and the step training resumed from."""
+    try:
+        progress = ctx.read_json(progress_key(trial.id))
+    except ObjectNotFound:
+        return []
+    seen = [i for i in progress.get("interruptions") or [] if isinstance(i, dict)]
+    reached, resumed = progress.get("step"), resume.step if resume else 0
+    if isinstance(reached, int):
+        lost = max(0, reached - resumed)
+        at = progress.get("at")
+        seen.append({"reached_step": reached, "resumed_from_step": resumed, "lost_steps": lost, "at": at})
+        ctx.log(
+            f"train: the last process of this trial had reached step {reached} (recorded every "
+            f"{PROGRESS_EVERY_S:.0f} s); resuming from step {resumed}: {lost} steps lost"
+        )
+    return seen
+
+
 def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Checkpoint | None, dict | None]:
     """The newest committed checkpoint that verifies and belongs to this job (or None), and the platform
     change since it was written (or None)."""
@@ -297,6 +327,7 @@ def _fit(
     resume: Checkpoint | None,
     sigterm: graceful_sigterm,
     clock: StepClock,
+    interruptions: list[dict],
 ):
     """Run the HF Trainer from `resume` to the planned end, the plan's deadline or SIGTERM (raised as
     Interrupted once the checkpoint committed). Returns the trainer and its callbacks."""
@@ -316,6 +347,7 @@ def _fit(
             clock=ctx.clock,
             status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
             cap_minutes=plan_checkpoint_minutes(ctx),
+            progress={"key": progress_key(trial.id), "interruptions": interruptions},
         )
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()

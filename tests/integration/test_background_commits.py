@@ -92,6 +92,10 @@ def test_sigkill_during_a_background_commit_resumes_from_the_previous_checkpoint
     assert f"train: resuming from committed checkpoint step {EVERY}" in out
     result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["resumed_from_step"] == EVERY and result["steps"] == 60
+    (interrupted,) = result["interruptions"]  # the killed process: its last recorded step, at least step 1
+    assert interrupted["resumed_from_step"] == EVERY and 1 <= interrupted["reached_step"] <= 25
+    assert interrupted["lost_steps"] == max(0, interrupted["reached_step"] - EVERY)
+    assert f"resuming from step {EVERY}: {interrupted['lost_steps']} steps lost" in out
 
 
 def test_sigterm_during_a_background_commit_commits_it_and_the_final_one(tmp_path, tiny_model, s3_server):

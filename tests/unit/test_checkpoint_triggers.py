@@ -122,3 +122,22 @@ def test_missing_device_or_unsupported_precision_is_refused_before_any_phase():
     if not torch.cuda.is_available():
         with pytest.raises(Unsupported, match="'cuda' requested but torch sees no CUDA or ROCm device"):
             preflight(Training(device="cuda", precision="fp32"))
+
+
+def test_an_eval_loss_pass_before_a_save_is_not_counted_as_the_checkpoint_s_cost(clock, tmp_path):
+    from entrypoint.store import FileStore
+
+    callback = StoreCheckpointCallback(
+        FileStore(tmp_path / "store"), "p", {}, CheckpointPolicy(), graceful_sigterm(60, print), lambda m: None
+    )
+    args = SimpleNamespace(output_dir=str(tmp_path / "out"))
+    state = SimpleNamespace(global_step=100, max_steps=100, is_local_process_zero=True)
+    assert callback.on_step_end(args, state, TrainerControl()).should_save  # the last step
+    clock.now += 50.0  # the Trainer's eval-loss pass at the same step, before its save
+    callback.on_evaluate(args, state, TrainerControl())
+    clock.now += 2.0  # the local save
+    (tmp_path / "out/checkpoint-100").mkdir(parents=True)
+    (tmp_path / "out/checkpoint-100/model.safetensors").write_bytes(b"x" * 100)
+    callback.on_save(args, state, TrainerControl())
+    assert callback.records[0]["local_save_s"] == 2.0 and callback.records[0]["blocked_s"] == 2.0
+    assert callback.committed == [100]

@@ -5,6 +5,7 @@ arithmetic on measured figures, and the trainer's interval with a fake clock; no
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from types import SimpleNamespace
@@ -139,3 +140,30 @@ def test_the_trainer_commits_at_least_as_often_as_the_plan_says(monkeypatch, eve
         callback.last_commit = clock.now
         clock.now += 2.5 * 60
         assert _step(callback, 3).should_save and math.isclose(callback.interval_minutes, 2.5)
+
+
+def test_the_step_reached_is_recorded_every_few_seconds_and_at_a_stop(monkeypatch, tmp_path):
+    from entrypoint.store import FileStore
+    from entrypoint.training.trainer import PROGRESS_EVERY_S
+
+    clock = Clock()
+    monkeypatch.setattr(trainer_module.time, "monotonic", clock)
+    store = FileStore(tmp_path / "store")
+    sigterm = graceful_sigterm(60, print)
+    progress = {"key": "trials/main/progress.json", "interruptions": [{"lost_steps": 3}]}
+    callback = StoreCheckpointCallback(store, "p", {}, CheckpointPolicy(), sigterm, print, progress=progress)
+
+    def step(n: int) -> int:
+        args = SimpleNamespace(output_dir=tempfile.gettempdir())
+        state = SimpleNamespace(global_step=n, max_steps=100, is_world_process_zero=True)
+        callback.on_step_end(args, state, TrainerControl())
+        return json.loads(store.get_bytes("trials/main/progress.json"))["step"]
+
+    assert step(1) == 1  # the first step of a process
+    clock.now += PROGRESS_EVERY_S - 1
+    assert step(2) == 1
+    clock.now += 1
+    assert step(3) == 3
+    sigterm.requested.set()
+    assert step(4) == 4  # a stop is recorded at once
+    assert json.loads(store.get_bytes("trials/main/progress.json"))["interruptions"] == [{"lost_steps": 3}]
