@@ -436,7 +436,8 @@ def _checkpoint_table(ctx, label: str, job: Watched, job_id: str, model: Path, m
         boto3_download(ctx.endpoint, ctx.bucket, prefix, folder, defaults=False)
         files = [p for p in folder.rglob("*") if p.is_file() and p.name != "MANIFEST.json"]
         theirs = boto3_upload(ctx.endpoint, ctx.bucket, f"boto3/{job_id}", files)
-        row(f"{label} commit of step {last['step']}", last["commit_s"], theirs, extra="/ tuned boto3 upload")
+        upload = last["commit_s"] - (last.get("written_s") or 0.0)  # a staged checkpoint's writes come first
+        row(f"{label} upload of step {last['step']}", upload, theirs, extra="/ tuned boto3 upload")
         shutil.rmtree(folder, ignore_errors=True)
     for ckpt in record["checkpoints"]:
         above = _commit_rss(job, ckpt["step"])

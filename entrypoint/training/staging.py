@@ -111,8 +111,7 @@ class Stager:
                 return aliases[key]
             buffer = self._buffers.get(path)
             if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                pin = value.is_cuda and torch.cuda.is_available()
-                buffer = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
+                buffer = self._buffer(value)
                 self._buffers[path] = buffer
             buffer.copy_(value.detach(), non_blocking=value.is_cuda)
             aliases[key] = buffer
@@ -122,6 +121,16 @@ class Stager:
         if isinstance(value, list | tuple):
             return type(value)(self._copy(f"{path}.{i}", v, aliases) for i, v in enumerate(value))
         return copy.deepcopy(value)
+
+    def _buffer(self, like: torch.Tensor) -> torch.Tensor:
+        """A CPU tensor shaped as `like`: page-locked for a GPU tensor (a faster copy), unless the process may
+        not lock that much memory (a container's memlock limit), then an ordinary one."""
+        if like.is_cuda:
+            try:
+                return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=True)
+            except RuntimeError:
+                pass
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu")
 
     def defer(self, write: Callable[[], None]) -> None:
         self._pending.append(write)
