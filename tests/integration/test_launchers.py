@@ -300,6 +300,10 @@ def test_dstack_stop_reaches_rentune_as_sigterm_and_skips_the_wait(dstack, name,
     env |= {"FAKE_EXIT": "0", "FAKE_RUN_SECONDS": "60", "RECLAIM_WAIT_SECONDS": "60"}
     run = OnTerminal(dstack_command(dstack, name), env)
     run.wait_for(lambda: log.exists() and "started" in log.read_text())
+    # The stop comes while the job's shell waits for rentune, as dstack's does after the start. Sent before
+    # it got there (a loaded machine: the child started, the shell not yet in `wait`), an interactive bash
+    # aborts its command on SIGINT without running the rest: a gap of milliseconds after the start.
+    run.wait_for(lambda: Path(f"/proc/{run.proc.pid}/wchan").read_text() == "do_wait")
     if stop == "^C on the terminal":
         os.write(run.master, b"\x03")  # SIGINT to the terminal's foreground process group
     else:
