@@ -44,12 +44,14 @@ def _tensors(obj) -> list[torch.Tensor]:
     return []
 
 
+def _alias_key(t: torch.Tensor) -> tuple:
+    """Equal for two names of one tensor (tied weights): the same memory seen the same way."""
+    return (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+
+
 def state_bytes(obj) -> int:
     """Bytes of the distinct tensors in a (nested) state dict: aliased tensors (tied weights) count once."""
-    seen = {}
-    for t in _tensors(obj):
-        seen[(t.data_ptr(), t.dtype, tuple(t.shape), t.stride())] = t.numel() * t.element_size()
-    return sum(seen.values())
+    return sum({_alias_key(t): t.numel() * t.element_size() for t in _tensors(obj)}.values())
 
 
 class Stager:
@@ -106,7 +108,7 @@ class Stager:
 
     def _copy(self, path: str, value, aliases: dict):
         if torch.is_tensor(value):
-            key = (value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            key = _alias_key(value)
             if key in aliases:  # tied weights: one tensor under two names, as in the original
                 return aliases[key]
             buffer = self._buffers.get(path)

@@ -249,7 +249,6 @@ class StoreCheckpointCallback(TrainerCallback):
         # {"key": where, **what to record beside the step}: the step reached, every PROGRESS_EVERY_S and at
         # SIGTERM, so that a process resuming the trial knows what an interruption lost (best effort).
         self.progress, self._progress_at = progress, -math.inf
-        self.store = store
         # The plan's notice window: a commit on SIGTERM cannot finish before the node goes, so periodic
         # commits at least this often keep what an interruption loses within max_lost_minutes.
         self.cap_minutes = cap_minutes
@@ -379,7 +378,7 @@ class StoreCheckpointCallback(TrainerCallback):
         record = {**self.progress, "step": state.global_step, "at": time.time()}
         key = record.pop("key")
         with contextlib.suppress(StoreError):  # the store may be what is failing; the step goes on
-            self.store.put_bytes(key, (json.dumps(record, sort_keys=True) + "\n").encode())
+            self.committer.store.put_bytes(key, (json.dumps(record, sort_keys=True) + "\n").encode())
 
     def on_evaluate(self, args, state, control, **kwargs):
         # At a step that both evaluates and saves, the Trainer evaluates first: the save starts now. Counted
