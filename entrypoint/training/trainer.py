@@ -396,6 +396,7 @@ class StoreCheckpointCallback(TrainerCallback):
             return
         asked_at = self._save_asked_at or saved_at
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        made_in_line = self.stager.made_in_line  # staging buffers this save had to make (none once reserved)
         writes, staged_wait = self.stager.take()  # this checkpoint's staged tensors, written by its commit
         waited = self.committer.wait() + staged_wait  # at most one commit in flight
         if self.committer.failing:  # that one completed a failing streak: start no other commit
@@ -416,6 +417,7 @@ class StoreCheckpointCallback(TrainerCallback):
 
         record = self.committer.commit(state.global_step, folder, background=background, before=write)
         record["staged"] = bool(writes)
+        record["staging_made_bytes"] = made_in_line
         record["local_save_s"] = round(saved_at - asked_at, 3)
         record["waited_s"] = round(waited, 3)
         record["blocked_s"] = round(time.monotonic() - asked_at, 3)
@@ -508,6 +510,17 @@ class StagingTrainer(Trainer):
 
     stager: Stager | None = None  # StoreCheckpointCallback's, set by build_trainer
     _in_checkpoint = False
+    _reserved = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        # From the second step on the optimizer has its state: the staging buffers are made now, in the
+        # background, rather than by the first checkpoint while training waits (staging.py).
+        if not self._reserved and self.optimizer is not None and self.optimizer.state:
+            self._reserved = True
+            unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+            if self._can_stage() and not type(unwrapped).__module__.startswith("peft"):
+                self.stager.reserve({"model": unwrapped.state_dict(), "optimizer": self.optimizer.state_dict()})
+        return super().training_step(model, inputs, num_items_in_batch)
 
     def _save_checkpoint(self, model, trial):
         self._in_checkpoint = True
@@ -517,9 +530,11 @@ class StagingTrainer(Trainer):
             self._in_checkpoint = False
 
     def _stages(self) -> bool:
+        return self._in_checkpoint and self._can_stage()
+
+    def _can_stage(self) -> bool:
         return (
-            self._in_checkpoint
-            and self.stager is not None
+            self.stager is not None
             and self.args.should_save
             and not self.is_deepspeed_enabled
             and not self.is_fsdp_enabled

@@ -81,6 +81,8 @@ def test_a_full_fine_tune_s_checkpoint_is_copied_in_memory_and_written_by_its_co
     staged_store, staged_disk, saver = _train(tmp_path, "staged", 4)
     assert staged_disk.seen == {2: set(), 4: set()}  # handed over as copies: the commit wrote the files
     assert all(r["staged"] and r["written_s"] is not None and r["bytes"] > 50e6 for r in saver.records)
+    # The buffers were made after the first step, in the background: no checkpoint made any in line.
+    assert [r["staging_made_bytes"] for r in saver.records] == [0, 0]
 
     monkeypatch.setattr(staging, "STAGE_FROM_BYTES", 1 << 40)  # the Trainer's own save, in line
     plain_store, plain_disk, plain = _train(tmp_path, "plain", 4)
@@ -101,7 +103,7 @@ def test_a_run_resumed_from_a_staged_checkpoint_ends_as_one_that_never_stopped(t
     assert _hashes(resumed, 8, tmp_path / "e")["optimizer.pt"] == final["optimizer.pt"]
 
 
-def test_the_stager_keeps_tied_tensors_tied_reuses_its_buffers_and_declines_what_memory_cannot_hold():
+def test_the_stager_keeps_tied_tensors_tied_reuses_its_buffers_and_declines_what_memory_cannot_hold(monkeypatch):
     shared = torch.arange(6.0)
     state = {"a": shared, "b": shared, "c": [torch.ones(2), {"n": 3}]}
     lines: list[str] = []
@@ -116,6 +118,17 @@ def test_the_stager_keeps_tied_tensors_tied_reuses_its_buffers_and_declines_what
     assert second["a"] is first["a"] and torch.equal(second["a"], shared)  # the same buffer, new values
     stager.run(stager.take()[0])
 
+    monkeypatch.setattr(staging, "STAGE_FROM_BYTES", 0)  # reserve makes buffers only for what stage() copies
+    reserved = Stager(lines.append, available=lambda: 10**12)
+    reserved.reserve({"model": state})
+    third = reserved.stage("model", state)
+    assert reserved.made_in_line == 0 and third["a"] is third["b"] and torch.equal(third["a"], shared)
+    assert third["c"][0] is reserved._buffers["model.c.0"]  # the buffer reserve made, now holding the copy
+    fresh = Stager(lines.append, available=lambda: 10**12)
+    fresh.stage("model", state)
+    assert fresh.made_in_line == (6 + 2) * 4  # no reserve: the first stage makes its buffers itself
+
+    monkeypatch.undo()
     big = {"w": torch.zeros(8 << 20)}  # 32 MB
     assert Stager(lines.append, available=lambda: 10**12).decline("model", big) is None
     assert "would not fit in the host memory available" in Stager(lines.append, available=lambda: 1 << 20).decline(
