@@ -506,7 +506,11 @@ class StagingTrainer(Trainer):
     """The HF Trainer, except that at a checkpoint of a full fine-tune it copies the weights and the
     optimizer state aside (entrypoint/training/staging.py) and defers their writing to the checkpoint's
     commit, so training goes on after a copy in memory rather than after the disk took every byte. The
-    calls that write them are the Trainer's own (save_pretrained, torch.save), on the copy."""
+    calls that write them are the Trainer's own (save_pretrained, torch.save), on the copy.
+
+    And it never steps past max_steps: resumed from a checkpoint at max_steps, the HF loop re-enters the
+    epoch it was in (unless max_steps ends an epoch) and checks for the end only after a step, so it
+    trained step max_steps + 1 and saved it."""
 
     stager: Stager | None = None  # StoreCheckpointCallback's, set by build_trainer
     _in_checkpoint = False
@@ -521,6 +525,12 @@ class StagingTrainer(Trainer):
             if self._can_stage() and not type(unwrapped).__module__.startswith("peft"):
                 self.stager.reserve({"model": unwrapped.state_dict(), "optimizer": self.optimizer.state_dict()})
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _run_epoch(self, *args, **kwargs):
+        if self.state.global_step >= self.state.max_steps:  # resumed from the last step: nothing to train
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         self._in_checkpoint = True

@@ -119,6 +119,30 @@ def test_sigkill_then_fresh_process_resumes_bit_exact(tmp_path, tiny_model, s3_s
     assert result["train_loss"] == ref_train_loss
 
 
+def test_sigkill_after_the_last_step_s_checkpoint_resumes_without_stepping_past_max_steps(
+    tmp_path, tiny_model, s3_server, reference
+):
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    first = start_run(spec, tmp_path / "node-a")
+    _wait_for_manifest(job, first, MAX_STEPS)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert job.head("trials/main/result.json") is None, "killed too late: the trial had finished"
+
+    code, out = _finish(start_run(spec, tmp_path / "node-b"))
+    assert code == 0, out[-4000:]
+    assert f"train: resuming from committed checkpoint step {MAX_STEPS}" in out
+    assert f"train: step {MAX_STEPS + 1}/" not in out
+    result = json.loads(job.get_bytes("trials/main/result.json"))
+    assert result["steps"] == MAX_STEPS and max(list_steps(job, checkpoint_prefix("main"))) == MAX_STEPS
+    ref_weights, ref_losses, ref_train_loss = reference
+    weights = _final_weights(job, tmp_path)
+    assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)
+    assert result["losses"] == ref_losses
+
+
 def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s3_server, reference):
     bucket = create_bucket(s3_server)
     spec = _spec(tmp_path, tiny_model, s3_server, bucket)
