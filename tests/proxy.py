@@ -3,7 +3,8 @@
 - `drop`: a request header removed on the way (`If-None-Match`, as some gateways and older S3-compatible
   servers do: conditional writes silently stop working);
 - `delay(method, path)`: seconds to hold a request before forwarding it (a slow link, an upload in flight);
-- `fail(method, path)`: True to answer 503 SlowDown instead of forwarding (an overloaded or failing server).
+- `fail(method, path)`: True to answer 503 SlowDown instead of forwarding (an overloaded or failing server);
+- `mangle(method, path, body)`: the response body as the client gets it (a bit flipped in transit).
 
 Both callables can be replaced while the proxy runs; `failed` counts the requests answered with 503."""
 
@@ -37,6 +38,7 @@ class S3Proxy:
         drop: str | None = None,
         delay: Callable[[str, str], float] | None = None,
         fail: Callable[[str, str], bool] | None = None,
+        mangle: Callable[[str, str, bytes], bytes] | None = None,
     ):
         target = urlsplit(upstream)
         owner = self
@@ -44,6 +46,7 @@ class S3Proxy:
         self.failed = 0
         self.delay = delay or (lambda method, path: 0.0)
         self.fail = fail or (lambda method, path: False)
+        self.mangle = mangle or (lambda method, path, body: body)
         drop = drop or ""
 
         class Handler(BaseHTTPRequestHandler):
@@ -70,7 +73,7 @@ class S3Proxy:
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     response = conn.getresponse()
-                    data = response.read()
+                    data = owner.mangle(self.command, self.path, response.read())
                 finally:
                     conn.close()
                 self.send_response(response.status)

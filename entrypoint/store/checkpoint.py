@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 MANIFEST = "MANIFEST.json"
+DOWNLOAD_TRIES = 3  # downloads of a file that does not verify before its checkpoint is withdrawn
 REJECTED = "REJECTED.json"  # a step whose manifest did not verify; why, for the post-mortem
 MANIFEST_VERSION = 1
 NODE_WAIT_S = 600.0  # how long node 0 waits for another node's report of a step before the commit fails
@@ -225,12 +226,30 @@ def list_steps(store: Store, prefix: str) -> dict[int, set[str]]:
     return steps
 
 
+def _download(store: Store, key: str, name: str, local: Path, info: dict) -> str | None:
+    """Download `key` into `local`; None if it matches `info` (size and sha256), else what differs (the
+    wrong sha256 itself named: two downloads that agree on it saw the same stored bytes)."""
+    try:
+        sha256 = store.get_file(key, local)
+    except ObjectNotFound:
+        return f"{name} is missing"
+    if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol: no verdict
+        raise CheckpointError(f"{store.uri}/{key}: the store's get_file returned {sha256!r}, not a sha256")
+    if local.stat().st_size != info["size"]:
+        return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
+    if sha256 != info["sha256"]:
+        return f"{name} does not match its sha256 in the manifest (read {sha256[:16]}...)"
+    return None
+
+
 def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | None:
     """Download every listed file of `key` into `folder`; None if all verify, else the reason (of the first
     failing file in name order). A name that could escape `folder` or an entry without size and sha256 is a
-    reason, never a download. The files download in parallel, each hashed by get_file (S3: right after
-    its download, from the page cache); none is fsynced: the copy is scratch, and the next process
-    verifies it again."""
+    reason, never a download. A file that does not verify is downloaded again, DOWNLOAD_TRIES times in all:
+    it is a reason only when every download gave the same answer (the stored bytes are wrong, or gone); a
+    file whose downloads disagree (a connection that flips bits) raises CheckpointError, withdrawing nothing.
+    The files download in parallel, each hashed by get_file (S3: right after its download, from the page
+    cache); none is fsynced: the copy is scratch, and the next process verifies it again."""
     shutil.rmtree(folder, ignore_errors=True)
     listed = sorted(manifest.get("files", {}).items())
     for name, info in listed:
@@ -243,18 +262,19 @@ def _verify_into(store: Store, key: str, manifest: dict, folder: Path) -> str | 
 
     def fetch(item: tuple[str, dict]) -> str | None:
         name, info = item
-        local = folder / name
-        try:
-            sha256 = store.get_file(join_key(key, name), local)
-        except ObjectNotFound:
-            return f"{name} is missing"
-        if not (isinstance(sha256, str) and len(sha256) == 64):  # a Store that breaks its protocol: no verdict
-            raise CheckpointError(f"{store.uri}/{key}/{name}: the store's get_file returned {sha256!r}, not a sha256")
-        if local.stat().st_size != info["size"]:
-            return f"{name} has {local.stat().st_size} bytes, manifest says {info['size']}"
-        if sha256 != info["sha256"]:
-            return f"{name} does not match its sha256 in the manifest"
-        return None
+        seen: list[str] = []  # what each download gave, when it did not verify
+        for _ in range(DOWNLOAD_TRIES):
+            problem = _download(store, join_key(key, name), name, folder / name, info)
+            if problem is None:
+                return None
+            seen.append(problem)
+        if len(set(seen)) == 1:  # every download gave the same wrong answer: the stored object is so
+            return seen[0]
+        raise CheckpointError(
+            f"{store.uri}/{key}/{name}: {DOWNLOAD_TRIES} downloads gave different bytes ({'; '.join(seen)}): "
+            "the connection to the store corrupts data. The checkpoint is left as it is (never withdrawn on "
+            "an answer that is not reproducible); run again once the store answers consistently"
+        )
 
     largest_first = sorted(listed, key=lambda item: (-item[1]["size"], item[0]))
     threads = max(1, min(UPLOAD_FILES_AT_ONCE, len(listed)))

@@ -25,7 +25,9 @@ from entrypoint.store.checkpoint import (
     list_steps,
     rotate,
 )
-from tests.s3server import Faults
+from entrypoint.store.s3 import S3Store
+from tests.proxy import S3Proxy
+from tests.s3server import Faults, create_bucket
 
 PREFIX = "trials/t/checkpoints"
 META = {"trial_id": "t", "spec_sha256": "s" * 64}
@@ -83,10 +85,65 @@ def test_one_corrupt_byte_falls_back_and_logs_why(store, tmp_path):
     lines, log = _logger()
     found = find_latest(store, PREFIX, tmp_path / "dl", log)
     assert found.step == 10
-    assert lines == [
-        "checkpoint step 20: optimizer.pt does not match its sha256 in the manifest; "
-        "falling back to an older checkpoint"
-    ]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint step 20: optimizer.pt does not match its sha256")
+    assert lines[0].endswith("; falling back to an older checkpoint")
+
+
+def _flip(body: bytes) -> bytes:
+    return body[:100] + bytes([body[100] ^ 0x01]) + body[101:]
+
+
+def test_a_bit_flipped_in_transit_is_downloaded_again_and_withdraws_nothing(s3_server, tmp_path):
+    """One download of step 20's optimizer.pt has a flipped bit (a proxy between rentune and a real S3
+    server): it is downloaded again, verifies, and step 20 is the checkpoint found, not withdrawn."""
+    bucket = create_bucket(s3_server)
+    direct = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=s3_server)
+    for step in (10, 20):
+        _commit(direct, tmp_path, step)
+    flipped = []
+
+    def once(method: str, path: str, body: bytes) -> bytes:
+        if method == "GET" and path.split("?")[0].endswith("step-00000020/optimizer.pt") and not flipped:
+            flipped.append(path)
+            return _flip(body)
+        return body
+
+    with S3Proxy(s3_server, mangle=once) as proxy:
+        through = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=proxy.endpoint_url)
+        lines, log = _logger()
+        found = find_latest(through, PREFIX, tmp_path / "dl", log)
+    assert flipped and found.step == 20 and not lines
+    assert direct.head(f"{PREFIX}/step-00000020/{MANIFEST}") is not None
+    assert direct.head(f"{PREFIX}/step-00000020/REJECTED.json") is None
+
+
+def test_bytes_that_differ_on_every_download_are_an_error_and_stored_bytes_that_are_wrong_withdraw(s3_server, tmp_path):
+    bucket = create_bucket(s3_server)
+    direct = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=s3_server)
+    for step in (10, 20):
+        _commit(direct, tmp_path, step)
+    gets = []
+
+    def each_time_another(method: str, path: str, body: bytes) -> bytes:
+        if method == "GET" and path.split("?")[0].endswith("step-00000020/optimizer.pt"):
+            gets.append(path)
+            at = 100 + len(gets)
+            return body[:at] + bytes([body[at] ^ 0x01]) + body[at + 1 :]
+        return body
+
+    with S3Proxy(s3_server, mangle=each_time_another) as proxy:
+        through = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=proxy.endpoint_url)
+        with pytest.raises(CheckpointError, match="3 downloads gave different bytes"):
+            find_latest(through, PREFIX, tmp_path / "dl", print)
+    assert len(gets) == 3 and direct.head(f"{PREFIX}/step-00000020/{MANIFEST}") is not None
+
+    key = f"{PREFIX}/step-00000020/optimizer.pt"  # now the stored bytes themselves are wrong
+    direct.put_bytes(key, _flip(direct.get_bytes(key)))
+    lines, log = _logger()
+    assert find_latest(direct, PREFIX, tmp_path / "dl2", log).step == 10
+    assert "optimizer.pt does not match its sha256" in lines[0]
+    assert direct.head(f"{PREFIX}/step-00000020/{MANIFEST}") is None  # withdrawn: REJECTED.json says why
+    assert "does not match" in json.loads(direct.get_bytes(f"{PREFIX}/step-00000020/REJECTED.json"))["reason"]
 
 
 def test_deleted_object_falls_back_and_logs_why(store, tmp_path):
