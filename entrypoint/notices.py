@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from entrypoint.errors import InvalidInput
+from jobspec.urls import redact
 
 __all__ = [
     "Notice",
@@ -225,9 +227,24 @@ def notice_settings(environ=os.environ) -> NoticeSettings:
     cloud): InvalidInput (exit 2) naming the variable. `rentune run` and `rentune worker` call it at start,
     before a job or claim exists."""
     url = environ.get("RENTUNE_METADATA_URL") or None
-    if url is not None and not url.startswith("http://"):  # the metadata services speak plain HTTP
-        raise InvalidInput(f"RENTUNE_METADATA_URL={url!r}: expected an http:// address")
+    if url is not None:
+        _check_metadata_url(url)
     return NoticeSettings(_mode(environ), url, _poll_seconds(environ))
+
+
+def _check_metadata_url(url: str) -> None:
+    """An http:// address with a host (the metadata services speak plain HTTP): InvalidInput otherwise,
+    saying what is wrong (the value redacted: it may hold a password)."""
+    shown = f"RENTUNE_METADATA_URL={redact(url)!r}"
+    if not url.startswith("http://"):
+        raise InvalidInput(f"{shown}: expected an http:// address, such as http://169.254.169.254")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError as exc:
+        raise InvalidInput(f"{shown}: not a valid URL ({exc}); expected http://HOST[:PORT]") from None
+    if not parts.hostname:
+        raise InvalidInput(f"{shown}: no host; expected http://HOST[:PORT], such as http://169.254.169.254")
 
 
 def notice_provider(environ=os.environ, dmi: Path = DMI, hypervisor: Path = HYPERVISOR_UUID) -> str | None:

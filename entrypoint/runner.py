@@ -35,6 +35,7 @@ from entrypoint.training.model import match_base_model
 from entrypoint.trial.export import adapter_files, clear_merged, export_merged, finish_export, write_binding
 from jobspec.compare import with_locations
 from jobspec.load import LoadedSpec
+from jobspec.urls import redact_text
 
 __all__ = [
     "PHASES",
@@ -185,7 +186,7 @@ def run_job(
         outcome = {"outcome": "completed", "phase": None}
     except BaseException as exc:
         outcome["outcome"] = "interrupted" if isinstance(exc, Interrupted) else "error"
-        outcome["error"] = f"{type(exc).__name__}: {exc}"
+        outcome["error"] = redact_text(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         if previous_handler is not None:

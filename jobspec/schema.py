@@ -8,12 +8,13 @@ This module imports no torch, so `rentune validate` and `rentune schema` run any
 from __future__ import annotations
 
 import re
-import urllib.parse
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from jobspec.urls import credential_in
 
 __all__ = [
     "JOB_ID_PATTERN",
@@ -51,32 +52,27 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 MODEL_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^/\s][^\s]*?/?")
 
 
-# Query parameter names that carry a credential: ?token=, ?api_key=, ?X-Amz-Signature=, ...
-_CREDENTIAL_PARAM = re.compile(r"(token|key|secret|signature|password|passwd|credential|auth)|^x-amz-", re.I)
 CREDENTIAL_ERROR = "credential_in_url"  # its messages never repeat the value (jobspec/load.py)
 AWS_CREDENTIALS = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment"
 
 
 def no_credentials(value: str, instead: str = AWS_CREDENTIALS) -> str:
-    """`value` if it is a URL without credentials in it: no `user[:password]@` and no query parameter named
-    like one. The spec is stored with the job, copied into its exports and shown in reports, so a
-    credential in it would leak; `instead` says where it goes."""
-    if "://" not in value:
-        return value
-    parts = urllib.parse.urlsplit(value)
-    if "@" in parts.netloc:
+    """`value` if it is a URL without credentials in it (jobspec/urls.py: no `user[:password]@`, no
+    parameter named like one in its query, fragment or path). The spec is stored with the job, copied into
+    its exports and shown in reports, so a credential in it would leak; `instead` says where it goes."""
+    found = credential_in(value)
+    if found == "user[:password]@":
         raise PydanticCustomError(
             CREDENTIAL_ERROR,
             "expected a URL without user[:password]@ (the spec is stored with the job and its exports); "
             f"set the credentials as {instead}",
         )
-    for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if _CREDENTIAL_PARAM.search(name):
-            raise PydanticCustomError(
-                CREDENTIAL_ERROR,
-                f"expected a URL without the query parameter {name!r}: it looks like a credential, and the spec "
-                f"is stored with the job and its exports; set the credentials as {instead}",
-            )
+    if found:
+        raise PydanticCustomError(
+            CREDENTIAL_ERROR,
+            f"expected a URL without {found}: it looks like a credential, and the spec is stored with the job "
+            f"and its exports; set the credentials as {instead}",
+        )
     return value
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError
 from jobspec.schema import JobSpec
+from jobspec.urls import redact_text
 
 __all__ = ["StoreLog", "attempt_numbers", "claim_attempt", "lease_start", "previous_attempts"]
 
@@ -66,6 +67,7 @@ class StoreLog:
         self.flushed = time.monotonic()
 
     def __call__(self, message: str) -> None:
+        message = redact_text(message)  # a URL from the environment may hold a credential (jobspec/urls.py)
         self.echo(message)
         self.lines.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {message}")
         if time.monotonic() - self.flushed >= self.every:

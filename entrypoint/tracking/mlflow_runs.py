@@ -21,6 +21,7 @@ from pathlib import Path
 
 from entrypoint.tracking.base import RunRef
 from jobspec.schema import MlflowTracking
+from jobspec.urls import redact
 
 __all__ = ["CLOSE_WAIT_S", "PARAM_LIMIT", "MlflowRuns", "mlflow_name"]
 
@@ -40,10 +41,6 @@ def mlflow_name(name: str) -> str:
 
 def _cut(value: str) -> str:
     return value if len(value) <= PARAM_LIMIT else value[: PARAM_LIMIT - 1] + "…"
-
-
-def _without_userinfo(uri: str) -> str:
-    return re.sub(r"^([a-z+]+://)[^/@]*@", r"\1", uri)
 
 
 class MlflowRuns:
@@ -75,7 +72,7 @@ class MlflowRuns:
         return {
             "run_id": self.run_id,
             "experiment": experiment,
-            "tracking_uri": _without_userinfo(str(self.client.tracking_uri)),
+            "tracking_uri": redact(str(self.client.tracking_uri)),  # MLFLOW_TRACKING_URI may hold one,
         }
 
     def logged_steps(self, keys: list[str]) -> dict[str, int]:

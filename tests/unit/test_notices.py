@@ -109,6 +109,17 @@ def test_settings(tmp_path):
         notice_settings({"RENTUNE_INTERRUPTION_NOTICE": "off", "RENTUNE_NOTICE_POLL_SECONDS": "5s"})
     with pytest.raises(InvalidInput, match="RENTUNE_METADATA_URL='169.254.169.254'"):
         notice_settings({"RENTUNE_METADATA_URL": "169.254.169.254"})
+    # an address the watcher could never reach is refused at start, not found out in the log
+    with pytest.raises(InvalidInput, match=r"RENTUNE_METADATA_URL='http://': no host"):
+        notice_settings({"RENTUNE_METADATA_URL": "http://"})
+    with pytest.raises(InvalidInput, match=r"RENTUNE_METADATA_URL='http://\[::1': not a valid URL"):
+        notice_settings({"RENTUNE_METADATA_URL": "http://[::1"})
+    with pytest.raises(InvalidInput, match=r"'http://h:99999': not a valid URL \(Port out of range"):
+        notice_settings({"RENTUNE_METADATA_URL": "http://h:99999"})
+    with pytest.raises(InvalidInput, match=r"'ftp://h/\?token=REDACTED': expected an http://") as refused:
+        notice_settings({"RENTUNE_METADATA_URL": "ftp://u:pw@h/?token=T0P"})
+    assert "T0P" not in str(refused.value) and "pw" not in str(refused.value)
+    assert notice_settings({"RENTUNE_METADATA_URL": "http://[::1]:8080/"}).metadata_url == "http://[::1]:8080/"
     assert notice_settings({}).interval == 5.0 and notice_settings({}).mode == "auto"
 
 
