@@ -151,20 +151,44 @@ def _dumps(obj: dict) -> bytes:
 
 
 def _files_of(folder: Path, follow_links: bool) -> dict[str, Path]:
-    """Every file under `folder` by its relative name. A symbolic link (or a file under a linked folder)
-    that leads outside `folder` is refused, naming it, unless `follow_links`: it could carry any file of
-    this machine into the bucket."""
+    """Every file under `folder` by its relative name, linked folders descended into. Refused with
+    InvalidInput, naming the path, before anything is uploaded: a link (to a file or a folder, or anywhere
+    under a linked folder) that leads outside `folder` unless `follow_links` (it could carry any file of this
+    machine into the bucket); a link that leads nowhere; a linked folder that contains itself (a loop); and
+    anything that is neither a file nor a folder."""
     root, paths = folder.resolve(), {}
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file():
-            continue
-        target = path.resolve()
-        if not follow_links and not target.is_relative_to(root):
-            raise InvalidInput(
-                f"push-model: {path} links to {target}, outside {folder}; nothing was uploaded. Copy the file "
-                "into the folder or remove the link, or pass --follow-links to upload what the links point to"
-            )
-        paths[path.relative_to(folder).as_posix()] = path
+
+    def visit(directory: Path, prefix: str, ancestors: tuple[Path, ...]) -> None:
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            path = Path(entry.path)
+            if entry.is_symlink():
+                target = path.resolve()
+                if not target.exists():
+                    raise InvalidInput(
+                        f"push-model: {path} links to {os.readlink(path)}, which does not exist; nothing was "
+                        "uploaded. Remove the link, or restore what it points to"
+                    )
+                if not follow_links and not target.is_relative_to(root):
+                    raise InvalidInput(
+                        f"push-model: {path} links to {target}, outside {folder}; nothing was uploaded. Copy the "
+                        "file into the folder or remove the link, or pass --follow-links to upload what the links "
+                        "point to"
+                    )
+            name = prefix + entry.name
+            if path.is_dir():
+                real = path.resolve()
+                if real in ancestors:
+                    raise InvalidInput(
+                        f"push-model: {path} links to {real}, a folder that contains the link (a loop); nothing "
+                        "was uploaded. Remove the link"
+                    )
+                visit(path, name + "/", (*ancestors, real))
+            elif path.is_file():
+                paths[name] = path
+            else:
+                raise InvalidInput(f"push-model: {path} is neither a file nor a folder; nothing was uploaded")
+
+    visit(folder, "", (root,))
     return paths
 
 

@@ -163,3 +163,40 @@ def test_push_model_refuses_a_link_out_of_the_folder_naming_it_and_uploads_nothi
     assert followed.returncode == 0, followed.stderr
     listed = json.loads(models.get_bytes(MODEL_MANIFEST))["files"]
     assert "notes.txt" in listed and "inside.txt" in listed
+
+
+def test_push_model_descends_into_linked_folders_and_refuses_dangling_links_and_loops(tmp_path, s3_server, other_model):
+    folder = tmp_path / "model"
+    shutil.copytree(other_model, folder)
+    outside = tmp_path / "extra"
+    outside.mkdir()
+    (outside / "a.txt").write_text("a file in a linked folder")
+    (folder / "extra").symlink_to(outside)  # a linked folder, outside
+    (folder / "again").symlink_to(folder / "extra")  # a link to that link, inside
+    bucket = create_bucket(s3_server)
+    endpoint = ("--endpoint-url", s3_server, "--addressing-style", "path")
+
+    def push(name: str, *args: str):
+        return _rentune("push-model", str(folder), f"s3://{bucket}/models/{name}", *endpoint, *args, cwd=tmp_path)
+
+    refused = push("a")
+    assert refused.returncode == 2 and f"{folder / 'again'} links to {outside}, outside {folder}" in refused.stderr
+    followed = push("a", "--follow-links")
+    assert followed.returncode == 0, followed.stderr
+    models = S3Store.from_uri(f"s3://{bucket}/models/a", endpoint_url=s3_server, addressing_style="path")
+    listed = json.loads(models.get_bytes(MODEL_MANIFEST))["files"]
+    assert {"extra/a.txt", "again/a.txt", "config.json"} <= listed.keys()  # silently left out before
+
+    plain = tmp_path / "plain"  # no other link: the dangling one is refused with the flag or without
+    shutil.copytree(other_model, plain)
+    (plain / "gone.bin").symlink_to(tmp_path / "never-there.bin")
+    for args in ((), ("--follow-links",)):
+        dangling = _rentune("push-model", str(plain), f"s3://{bucket}/models/b", *endpoint, *args, cwd=tmp_path)
+        assert dangling.returncode == 2, dangling.stderr
+        assert f"{plain / 'gone.bin'} links to {tmp_path / 'never-there.bin'}, which does not exist" in dangling.stderr
+    (outside / "up").symlink_to(outside)
+    loop = push("b", "--follow-links")
+    assert loop.returncode == 2 and "a folder that contains the link (a loop)" in loop.stderr
+    assert (
+        list(S3Store.from_uri(f"s3://{bucket}/models/b", endpoint_url=s3_server, addressing_style="path").list()) == []
+    )
