@@ -424,6 +424,10 @@ def _checkpoint_table(ctx, label: str, job: Watched, job_id: str, model: Path, m
     record = trial_record(ctx.endpoint, ctx.bucket, job_id)
     saves = state_saves(model, method, ctx.tmp / f"saves-{job_id}")
     for ckpt in record["checkpoints"]:
+        if ckpt.get("background") is False:  # the last: committed in line, nothing left to train meanwhile
+            row(f"{label} step {ckpt['step']}: last, save + commit in line", ckpt.get("blocked_s") or 0.0,
+                extra="(training is over: not a stall)")  # fmt: skip
+            continue
         blocked = ckpt.get("blocked_s") or 0.0
         row(f"{label} step {ckpt['step']}: blocked ({_gb(ckpt['bytes'])})", blocked, saves["torch_save_s"],
             extra="/ bare torch.save")  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from entrypoint.errors import InvalidInput
 from entrypoint.store import check_key
 from entrypoint.store.hashing import file_sha256
 from entrypoint.store.objects import CorruptObject, StoredObject, loads_object
@@ -42,6 +43,12 @@ def check_export(
         for v in files.values()
     ):
         raise CorruptObject(f"{where}: files: expected a mapping of file name -> {{size, sha256}}")
+    merged = _merged_field(binding, where)
+    quantization = binding.get("quantization")
+    if quantization is not None and not (isinstance(quantization, dict) and isinstance(quantization.get("bits"), int)):
+        raise CorruptObject(f"{where}: quantization: expected null or a mapping with the recorded bits and sha256")
+    if requantize == "cuda" and quantization:
+        _require_cuda()
     problems = []
     fetched = (directory / "merged").is_dir()  # `rentune fetch` leaves the merged model out unless asked
     for name, info in sorted(files.items()):
@@ -55,10 +62,10 @@ def check_export(
     for path in sorted([*(directory / "adapter").rglob("*"), *(directory / "merged").rglob("*")]):
         if path.is_file() and path.relative_to(directory).as_posix() not in files:
             problems.append(f"{path}: not covered by BINDING.json (added after the export?)")
-    merged = binding.get("merged")
-    if fetched and merged and merged.get("parity") == "failed" and not allow_parity_failure:
+    if fetched and merged and merged["parity"] == "failed" and not allow_parity_failure:
+        reasons = "; ".join(merged.get("reasons") or []) or "no reason recorded"
         problems.append(
-            f"{directory / 'merged'}: failed its parity check against the adapter ({'; '.join(merged['reasons'])}); "
+            f"{directory / 'merged'}: failed its parity check against the adapter ({reasons}); "
             "serve the adapter, or pass --allow-parity-failure to accept the merged folder as it is"
         )
     problems += _chat_problems(directory, binding)
@@ -70,9 +77,39 @@ def check_export(
             f"{base}: base model sha256 {actual.sha256[:16]} differs from BINDING.json's {expected['sha256'][:16]}; "
             f"files that differ: {', '.join(differ)}"
         )
-    if requantize and binding.get("quantization") and not problems:
-        problems += _quantized_problems(base, binding["quantization"], requantize, binding["job_id"])
+    if requantize and quantization and not problems:
+        problems += _quantized_problems(base, quantization, requantize, binding["job_id"])
     return binding, problems
+
+
+def _merged_field(binding: StoredObject, where: Path) -> dict | None:
+    """BINDING.json's `merged`: null, or a mapping whose `parity` is ok, failed or skipped and whose
+    `reasons` (if any) is a list of strings; CorruptObject naming the field otherwise."""
+    merged = binding.get("merged")
+    if merged is None:
+        return None
+    parities = ("ok", "failed", "not run")
+    if not isinstance(merged, dict) or merged.get("parity") not in parities:
+        raise CorruptObject(
+            f"{where}: merged: expected null or a mapping with parity one of {', '.join(parities)}, got "
+            f"{json.dumps(merged)[:80]}"
+        )
+    reasons = merged.get("reasons")
+    if reasons is not None and not (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)):
+        raise CorruptObject(f"{where}: merged.reasons: expected a list of strings, got {json.dumps(reasons)[:80]}")
+    return merged
+
+
+def _require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        built = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", built without CUDA")
+        raise InvalidInput(
+            f"--requantize cuda: this machine has no CUDA device ({built}); run check-export where the job "
+            "trained (the same image and device kind), or leave --requantize out to check every file and the "
+            "base model's sha256 without requantizing"
+        )
 
 
 def _quantized_problems(base: Path, recorded: dict, device: str, job_id: str) -> list[str]:

