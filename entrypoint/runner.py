@@ -93,7 +93,13 @@ def check_power(ctx: PhaseContext) -> None:
         "test examples would decide it (more data, larger data.split shares, or a larger min_gain)"
     )
     if ctx.spec.evaluation.underpowered == "fail":
-        raise Underpowered(message + "; stopped before training (evaluation.underpowered: fail)")
+        raise Underpowered(
+            f"{message}; stopped before training (evaluation.underpowered: fail). Job {ctx.spec.job.id!r} keeps "
+            "its committed data and splits (a larger file at data.source is not read again, and a changed "
+            "data.split, hypothesis.min_gain or evaluation setting is refused as a change of the job's spec): "
+            "decide the hypothesis in a new job, a copy of this spec with another job.id and more data, larger "
+            "data.split shares or a larger hypothesis.min_gain"
+        )
     ctx.log(f"warning: {message}; going on (evaluation.underpowered: warn): expect 'inconclusive'")
 
 

@@ -279,6 +279,7 @@ def test_an_underpowered_job_with_underpowered_fail_stops_after_the_baseline_wit
         assert "the hypothesis cannot be decided with these splits" in result.stderr
         assert "on eval (96 examples)" in result.stderr and "stopped before training" in result.stderr
         assert "examples would decide it" in result.stderr and "probe: starting" not in result.stdout
+        assert "decide the hypothesis in a new job, a copy of this spec with another job.id" in result.stderr
         assert (job / "phases/baseline/result.json").is_file() and not (job / "trials").exists()
     baseline = json.loads((job / "phases/baseline/result.json").read_text())
     needed = baseline["power"]["metrics"][0]["needed"]["eval"]
