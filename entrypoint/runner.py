@@ -31,10 +31,11 @@ from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, ch
 from entrypoint.training.device import preflight
 from entrypoint.training.disk import disk_full
 from entrypoint.training.environment import environment
-from entrypoint.training.model import match_base_model
+from entrypoint.training.model import match_base_model, resolve_model_dir
 from entrypoint.trial.export import adapter_files, clear_merged, export_merged, finish_export, write_binding
 from jobspec.compare import with_locations
 from jobspec.load import LoadedSpec
+from jobspec.model_limits import max_length_problem
 from jobspec.urls import redact_text
 
 __all__ = [
@@ -147,6 +148,7 @@ def run_job(
         fresh = current_plan(spec, store, now, start=started)
         if fresh is not None and fresh["problems"]:
             raise PlanDoesNotFit("\n".join(fresh["problems"]))
+        _check_max_length(loaded, log)
     check_conditional_writes(store, "scratch")
     continued = freeze_spec(store, loaded)  # from here on the stored spec, at this node's locations
     spec = continued.loaded.spec
@@ -260,6 +262,21 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
     if name != PHASE_NAMES[-1]:  # the last phase's commit is the job's last write (but the attempt's records)
         store_plan(ctx.spec, ctx.store, ctx.clock(), f"after {name}", ctx.log)
+
+
+def _check_max_length(loaded: LoadedSpec, log: Callable[[str], None]) -> None:
+    """model.max_length against the model's positions (jobspec/model_limits.py), before a new job's spec is
+    frozen: once stored, a corrected max_length would be refused as a change of the job. A model that
+    cannot be found here is left to the phases that load it, which say why."""
+    try:
+        folder = resolve_model_dir(loaded.spec.model, loaded.spec.store, log)
+    except Exception:  # noqa: BLE001 - reported by the phase that needs the model
+        return
+    found = max_length_problem(loaded.spec.model.max_length, folder)
+    if found is not None and found[1]:
+        raise InvalidInput(f"{loaded.source}: {found[0]}; the job was not started, nothing was stored")
+    if found is not None:
+        log(f"warning: {found[0]}")
 
 
 def check_base_model(ctx: PhaseContext) -> None:
