@@ -12,6 +12,9 @@ import sys
 
 from entrypoint.context import PhaseContext
 from entrypoint.job.state import read_jsonl
+from entrypoint.store import StoreError
+from entrypoint.store.checkpoint import checkpoint_prefix
+from entrypoint.training.disk import child_failed, last_error_line
 
 __all__ = ["VERIFY_TOLERANCE", "VerificationFailed", "run"]
 
@@ -22,6 +25,20 @@ VERIFY_TOLERANCE = 0.01
 
 class VerificationFailed(RuntimeError):
     """The checkpoint, reloaded in a fresh process, does not reproduce the end of training."""
+
+
+def _checkpoint_bytes(ctx: PhaseContext, trial_id: str) -> int | None:
+    """The size of the trial's newest checkpoint (what the fresh process downloads), or None: unknown."""
+    prefix = checkpoint_prefix(trial_id)
+    sizes: dict[int, int] = {}
+    try:
+        for info in ctx.store.list(prefix):
+            step = info.key[len(prefix) + 1 :].partition("/")[0]
+            if step.startswith("step-") and step[5:].isdigit():
+                sizes[int(step[5:])] = sizes.get(int(step[5:]), 0) + info.size
+    except StoreError:
+        return None
+    return sizes[max(sizes)] if sizes else None
 
 
 def run(ctx: PhaseContext) -> dict:
@@ -42,9 +59,13 @@ def run(ctx: PhaseContext) -> dict:
     for line in done.stdout.splitlines():
         ctx.log(line)
     if done.returncode != 0:
+        needed = _checkpoint_bytes(ctx, selected)
+        full = child_failed(done, "verify", ctx.workdir / "verify", ctx.log, needed, "its copy of the checkpoint")
+        if full is not None:
+            raise full
         raise VerificationFailed(
-            f"verify: the fresh process failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}; "
-            "nothing is exported"
+            f"verify: the fresh process failed (exit {done.returncode}): {last_error_line(done)} (its whole "
+            "stderr is in the attempt's log); nothing is exported"
         )
     fresh = ctx.read_json("phases/verify/fresh_process.json")
     rows = ctx.read_split("eval")

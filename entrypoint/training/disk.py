@@ -4,21 +4,25 @@ when `torch.save` hits a full disk).
 
     check_room(folder, needed, what)   DiskFull before writing, when the filesystem has less than needed
     disk_full(exc, folder)             the DiskFull an error really is, or None
+    child_failed(done, label, ...)     a failed subprocess's stderr into the log; the DiskFull it was, or None
 """
 
 from __future__ import annotations
 
 import errno
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from entrypoint.errors import DiskFull
 
-__all__ = ["HEADROOM", "check_room", "disk_full", "folder_bytes", "free_bytes"]
+__all__ = ["HEADROOM", "check_room", "child_failed", "disk_full", "folder_bytes", "free_bytes", "last_error_line"]
 
 HEADROOM = 1.2  # a checkpoint may be a little larger than the last one (trainer state, logs)
 # What torch's zip writer says when a write comes up short (a full disk), in the torch versions we use.
 _TORCH_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed writing", "No space left on device")
+_FULL_IN_TEXT = (*_TORCH_SHORT_WRITE, "[Errno 28]", "ENOSPC")  # the same, in a child process's stderr
 
 
 def free_bytes(folder: Path) -> int:
@@ -68,3 +72,30 @@ def _message(folder: Path, free: int, needed: int | None, what: str, cause: str 
         "committed is lost: free space there or give --workdir a larger disk, then run the same command again "
         "to resume"
     )
+
+
+def child_failed(
+    done: subprocess.CompletedProcess,
+    label: str,
+    folder: Path,
+    log: Callable[[str], None],
+    needed: int | None = None,
+    what: str = "",
+) -> DiskFull | None:
+    """A child process (the verify phase's fresh process, the parity process) that exited non-zero: every
+    line of its stderr goes into `log` (the attempt's log.txt keeps it whole); returns the DiskFull it was,
+    naming the line that said so, the free space of `folder` and `needed` bytes of `what`, or None."""
+    lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
+    for line in lines:
+        log(f"{label}: stderr: {line}")
+    said = next((line for line in reversed(lines) if any(text in line for text in _FULL_IN_TEXT)), None)
+    if said is None:
+        return None
+    cause = f"the {label} process: {' '.join(said.split())[:300]}"
+    return DiskFull(_message(folder, free_bytes(folder), needed, what, cause))
+
+
+def last_error_line(done: subprocess.CompletedProcess) -> str:
+    """What a failed child said last (its exception, after a traceback), or its exit code."""
+    lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    return lines[-1][:1000] if lines else f"no output on stderr (exit {done.returncode})"

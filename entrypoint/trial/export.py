@@ -34,6 +34,7 @@ from entrypoint.report.binding import KWARGS_FILE
 from entrypoint.report.serving import ollama_modelfile, serving_guide, vllm_readiness
 from entrypoint.store import ObjectNotFound, get_tree
 from entrypoint.store.hashing import file_sha256
+from entrypoint.training.disk import child_failed, last_error_line
 from entrypoint.training.environment import environment
 from entrypoint.training.merge import base_dtype, merge_loaded, merge_streamed, stream_refusal
 from entrypoint.training.model import SAFE_LOADING, hash_base_model, load_adapter
@@ -204,7 +205,13 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     for line in done.stdout.splitlines():
         ctx.log(line)
     if done.returncode != 0:
-        raise MergeFailed(f"export: the parity process failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+        full = child_failed(done, "parity", ctx.workdir / "parity", ctx.log, what="the merged model's copy")
+        if full is not None:
+            raise full
+        raise MergeFailed(
+            f"export: the parity process failed (exit {done.returncode}): {last_error_line(done)} (its whole "
+            "stderr is in the attempt's log)"
+        )
     record = ctx.read_json(PARITY_KEY)
     return {"files": files, "merge": {**how, "dtype": dtype}, "parity": record}
 

@@ -42,3 +42,30 @@ def test_a_full_work_dir_is_named_nothing_is_lost_and_the_job_resumes_once_there
         done = rentune(*args)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert (store / f"jobs/{JOB}/export/BINDING.json").is_file()
+
+
+def test_a_full_disk_in_the_verify_phase_s_fresh_process_is_named_with_sizes_and_its_stderr_kept(tmp_path):
+    model = build_tiny_bert(tmp_path / "bert")
+    spec = write_spec(tmp_path / "spec.yaml", tiny_job("verify-full", model, adaptation={"method": "full"}))
+    store = tmp_path / "store"
+    with small_tmpfs(tmp_path / "disk", 48) as disk:
+        args = ("run", str(spec), "--store", f"file://{store}", "--workdir", str(disk))
+        first = rentune(*args, "--until", "evaluate")
+        assert first.returncode == 0, first.stderr[-3000:]
+        filler = fill(disk, leave_bytes=100_000)  # less than the fresh process's copy of the checkpoint
+        full = rentune(*args)
+        assert full.returncode == 1, full.stdout[-3000:] + full.stderr[-3000:]
+        assert f"the work dir {disk}/verify-full/verify is out of space: 0." in full.stderr, full.stderr[-3000:]
+        assert (
+            "its copy of the checkpoint needs about" in full.stderr
+            and "(writing failed: the verify process:" in full.stderr
+        )
+        assert "_base.py" not in full.stderr and "VerificationFailed" not in full.stderr
+        log = (store / "jobs/verify-full/attempts/2/log.txt").read_text()
+        assert "verify: stderr: Traceback (most recent call last):" in log  # the child's stderr, whole
+        ended = json.loads((store / "jobs/verify-full/attempts/2/ended.json").read_text())
+        assert ended["phase"] == "verify" and ended["error"].startswith("DiskFull: ")
+
+        filler.unlink()
+        done = rentune(*args)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
