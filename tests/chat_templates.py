@@ -73,6 +73,20 @@ FAMILIES = {
         ("<think>", "</think>"),
         kwargs={"enable_thinking": False},
     ),
+    "qwen3.5": Family(
+        "Qwen/Qwen3.5-0.8B", "Qwen-Qwen3.5-0.8B.jinja", None, "<|im_end|>", _CHATML, ("<think>", "</think>")
+    ),
+    "qwen3.6": Family(
+        "Qwen/Qwen3.6-35B-A3B", "Qwen-Qwen3.6-35B-A3B.jinja", None, "<|im_end|>", _CHATML, ("<think>", "</think>")
+    ),
+    "glm-4.5": Family(
+        "zai-org/GLM-4.5-Air",
+        "zai-org-GLM-4.5-Air.jinja",
+        None,
+        "<|endoftext|>",
+        ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+        ("<think>", "</think>"),
+    ),
     "mistral-v0.3": Family(
         "mistralai/Mistral-7B-Instruct-v0.3", "mistralai-Mistral-7B-Instruct-v0.3.jinja", "<s>", "</s>", _MISTRAL
     ),

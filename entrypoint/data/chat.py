@@ -212,9 +212,16 @@ class ChatTemplate:
         specials = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
         self._specials = sorted((token for token in specials if token), key=len, reverse=True)
         self.generation_prompt, self.header = self._headers()
+        self.role_stop = self._role_stop()
         probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
         self.end_of_turn = self.spans(probe)[0].end_of_turn
         self.notes = self._notes()
+        if self.role_stop:
+            self.notes.append(
+                f"answers end where the next turn's {self.role_stop} begins (the template writes no end-of-turn "
+                f"token): the model is trained to emit {self.role_stop} after its answer, generation stops on it, "
+                "and the export's generation config and Modelfile list it as a stop"
+            )
 
     def render(self, turns: Sequence[dict], generation_prompt: bool) -> str:
         """The template's rendering of `turns`. Raises TemplateError with the template's own message when
@@ -252,6 +259,32 @@ class ChatTemplate:
             )
         return prompt, header
 
+    def _role_stop(self) -> str | None:
+        """The special token that ends an answer in a template that writes none after the last one (GLM:
+        an answer ends where the next role's `<|user|>` begins, and GLM's generation config stops on it):
+        the special token right after an answer in the history, when the last answer has nothing after
+        it. None for a template that ends every answer with a token of its own."""
+        user, answer = {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}
+        last = self.render([user, answer], False)
+        if not last.rstrip().endswith("Hello."):
+            return None
+        history = self.render([user, answer, {"role": "user", "content": "Bye."}], False)
+        rest = history[history.find("Hello.") + len("Hello.") :].lstrip()
+        return next((token for token in self._specials if rest.startswith(token)), None)
+
+    def answered(self, turns: Sequence[dict]) -> str:
+        """The rendering of `turns` that training sees: the template's, with the role stop appended when the
+        conversation ends with an answer the template leaves open (`role_stop`)."""
+        whole = self.render(turns, False)
+        if (
+            self.role_stop
+            and turns
+            and turns[-1]["role"] == "assistant"
+            and whole.rstrip().endswith(turns[-1]["content"].strip().rpartition("</think>")[2].strip())
+        ):
+            return whole + self.role_stop
+        return whole
+
     def _notes(self) -> list[str]:
         """What this template does to conversations that a user should know, found on probes: where a
         rendering of answered turns differs from the prompt the model answers from at eval."""
@@ -287,16 +320,20 @@ class ChatTemplate:
         content (as given, or stripped, or without the reasoning a template removes from history), then an
         end-of-turn special token. A turn whose content the template changed, or that no special token
         ends, is refused (TemplateError)."""
-        whole = self.render(turns, False) if whole is None else whole
+        whole = self.answered(turns) if whole is None else whole
         headers = [h for h in dict.fromkeys((self.generation_prompt, self.header)) if h.strip()]
         found, cursor = [], 0
         for i, turn in enumerate(turns):
             if turn["role"] != "assistant":
                 continue
-            hits = sorted((at, -len(h), h) for h in headers if (at := whole.find(h, cursor)) >= 0)
+            # at one place, the generation prompt wins: what a longer history header adds (GLM's empty think
+            # block) is what the model generates after the prompt it is given
+            hits = sorted(
+                (at, h != self.generation_prompt, -len(h), h) for h in headers if (at := whole.find(h, cursor)) >= 0
+            )
             if not hits:
                 raise TemplateError(f"data.chat_template: assistant turn {i} has no assistant header in the rendering")
-            at, _, header = hits[0]
+            at, _, _, header = hits[0]
             start = at + len(header)
             following = min((p for h in headers if (p := whole.find(h, start)) >= 0), default=len(whole))
             content, text, note = _located(whole, turn, start, following)
@@ -323,12 +360,15 @@ class ChatTemplate:
 
     def reach(self, turns: Sequence[dict], max_length: int) -> int:
         """How many leading turns can matter at `max_length` tokens: the fewest whose rendering already
-        holds max_length tokens (every later turn would be cut), or all of them. Found by doubling, so a
-        conversation of any length costs about two renderings of what fits, never one per turn."""
+        holds max_length tokens (every later turn would be cut), or all of them. Only prefixes that end
+        with an assistant turn are rendered: templates refuse others (Qwen3.5's "No user query found" for
+        a system turn alone). Found by doubling the assistant turns, so a conversation of any length costs
+        about two renderings of what fits, never one per turn."""
+        ends = [i + 1 for i, turn in enumerate(turns) if turn["role"] == "assistant"]
         count = 1
-        while count < len(turns):
-            if reaches(self.tokenizer, self.render(turns[:count], False), max_length):
-                return count
+        while count < len(ends):
+            if reaches(self.tokenizer, self.render(turns[: ends[count - 1]], False), max_length):
+                return ends[count - 1]
             count *= 2
         return len(turns)
 
@@ -404,7 +444,7 @@ def render_chat(template: ChatTemplate, turns: Sequence[dict], train_on: str, ma
     tokenizes a batch of renderings in one call, then finishes each with finish_chat)."""
     targets = set(_targets(turns, train_on))
     turns = turns[: template.reach(turns, max_length)]
-    whole = template.render(turns, False)
+    whole = template.answered(turns)
     return RenderedChat(turns, whole, template.spans(turns, whole), targets)
 
 

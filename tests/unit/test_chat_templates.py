@@ -28,8 +28,11 @@ TEXTS = tuple([t["content"] for t in [SYSTEM, *TURNS]] * 20 + ["assistant user s
 # false); SmolLM3 marks its whole assistant block, header and trailing newline included, with
 # {% generation %}.
 EOT = {"gemma-2": "<end_of_turn>", "gemma-3": "<end_of_turn>", "phi-3": "<|end|>"}
-BEFORE_LAST = {"qwen3": "<think>\n\n</think>\n\n"}
-AROUND = {"smollm3": ("<|im_start|>assistant\n", "<|im_end|>\n")}
+# Qwen3.6's generation prompt opens the think block (thinking is on by default): the model closes it.
+BEFORE_LAST = {"qwen3": "<think>\n\n</think>\n\n", "qwen3.6": "\n</think>\n\n"}
+# GLM's generation prompt is `<|assistant|>`: the model writes the empty think block, and ends its answer with
+# the next role's `<|user|>`, which the template writes only before a next turn (rentune appends it to the last).
+AROUND = {"smollm3": ("<|im_start|>assistant\n", "<|im_end|>\n"), "glm-4.5": ("\n<think></think>\n", "<|user|>")}
 # What the template does to a conversation that the inspection says (ChatTemplate.notes)
 _NO_SYSTEM = "the system prompt is rendered only when the conversation ends with a user turn: trained without it"
 _REASONING = "reasoning of earlier answers is left out of the rendering: they are trained as rendered"
@@ -38,6 +41,14 @@ NOTES = {
     "mistral-nemo": [_NO_SYSTEM],
     "qwen3": [_REASONING],
     "qwen3-no-thinking": [_REASONING],
+    "qwen3.5": [_REASONING],
+    "glm-4.5": [
+        _REASONING,
+        "answers end where the next turn's <|user|> begins (the template writes no end-of-turn token): the model "
+        "is trained to emit <|user|> after its answer, generation stops on it, and the export's generation config "
+        "and Modelfile list it as a stop",
+    ],
+    "qwen3.6": [_REASONING],
     "deepseek-r1-distill": [
         "the generation prompt opens a think block that rendered answers do not have: answers are trained as rendered"
     ],
