@@ -12,6 +12,7 @@ import sys
 
 from entrypoint.context import PhaseContext
 from entrypoint.job.state import read_jsonl
+from entrypoint.processes.lifeline import dies_with_parent
 from entrypoint.store import StoreError
 from entrypoint.store.checkpoint import checkpoint_prefix
 from entrypoint.training.disk import child_failed, last_error_line
@@ -55,7 +56,7 @@ def run(ctx: PhaseContext) -> dict:
         selected,
     ]
     ctx.log(f"verify: reloading trial {selected}'s final checkpoint in a fresh process")
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, preexec_fn=dies_with_parent)
     for line in done.stdout.splitlines():
         ctx.log(line)
     if done.returncode != 0:

@@ -15,12 +15,15 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.job.state import dumps
+from entrypoint.processes.lifeline import die_with_parent
 from entrypoint.store import get_tree
 from entrypoint.trial.export import PARITY_KEY
 from entrypoint.trial.parity import parity
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # never outlive the process that started this one (lifeline.py)
+
     def log(message: str) -> None:
         print(f"parity: {message}", flush=True)
 

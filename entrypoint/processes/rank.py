@@ -16,6 +16,7 @@ import sys
 from entrypoint.context import subprocess_context
 from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import dumps, rank_result_key
+from entrypoint.processes.lifeline import die_with_parent
 from entrypoint.store import ObjectExists
 from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import node_rank, rank
@@ -25,6 +26,7 @@ from jobspec.experiments import resolve_trials
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # never outlive the process that started this one (lifeline.py)
     me = rank()
 
     def log(message: str) -> None:

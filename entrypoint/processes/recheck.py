@@ -13,10 +13,13 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.job.state import dumps
+from entrypoint.processes.lifeline import die_with_parent
 from entrypoint.trial.recheck import RecheckError, recheck
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # never outlive the process that started this one (lifeline.py)
+
     def log(message: str) -> None:
         print(f"verify: {message}", flush=True)
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from entrypoint.errors import InvalidInput
+from entrypoint.processes.lifeline import dies_with_parent
 from jobspec.schema import Distribution
 
 __all__ = [
@@ -101,7 +102,7 @@ def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bo
     previous = signal.signal(signal.SIGTERM, forward)  # before Popen: no window where torchrun is orphaned
     try:
         env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace_seconds) + 15)}
-        procs.append(subprocess.Popen(command, env=env))
+        procs.append(subprocess.Popen(command, env=env, preexec_fn=dies_with_parent))
         if received:
             procs[0].send_signal(signal.SIGTERM)
         code = procs[0].wait()

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext
 from entrypoint.job.state import trial_result_key
+from entrypoint.processes.lifeline import dies_with_parent
 from entrypoint.report.binding import KWARGS_FILE
 from entrypoint.report.serving import ollama_modelfile, serving_guide, vllm_readiness
 from entrypoint.store import ObjectNotFound, get_tree
@@ -201,7 +202,7 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     command += ["--workdir", str(ctx.workdir / "parity"), "--trial", trial_id]
     ctx.log("export: checking the merged model against the adapter on eval in a fresh process")
     with ctx.timed("parity"):
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, preexec_fn=dies_with_parent)
     for line in done.stdout.splitlines():
         ctx.log(line)
     if done.returncode != 0:

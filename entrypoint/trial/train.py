@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
+import socket
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 from transformers import set_seed
 
 from entrypoint.context import PhaseContext
 from entrypoint.data.packing import step_rows
 from entrypoint.data.tokens import features_of, token_counts
-from entrypoint.errors import Interrupted
+from entrypoint.errors import Conflict, Interrupted
 from entrypoint.job.state import commit_status_key, progress_key, to_jsonl
 from entrypoint.store import ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest
@@ -266,6 +269,7 @@ def _interruptions(ctx: PhaseContext, trial: Trial, resume: Checkpoint | None) -
         progress = ctx.read_json(progress_key(trial.id))
     except ObjectNotFound:
         return []
+    progress = _unless_still_written(ctx, trial, progress)
     seen = [i for i in progress.get("interruptions") or [] if isinstance(i, dict)]
     reached, resumed = progress.get("step"), resume.step if resume else 0
     if isinstance(reached, int):
@@ -277,6 +281,48 @@ def _interruptions(ctx: PhaseContext, trial: Trial, resume: Checkpoint | None) -
             f"{PROGRESS_EVERY_S:.0f} s); resuming from step {resumed}: {lost} steps lost"
         )
     return seen
+
+
+def _writer() -> dict:
+    """Who writes a progress record: enough to tell, from the same node, whether that process still runs."""
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+
+
+def _alive(writer: dict) -> bool:
+    try:
+        return psutil.Process(writer["pid"]).create_time() == writer["started"]
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def _unless_still_written(ctx: PhaseContext, trial: Trial, progress: dict) -> dict:
+    """The trial's progress record, once no other process writes the trial: raises Conflict when the one
+    that wrote it still trains (on this node: its pid, at its start time; on another node: its record moves
+    on within 2.5 x PROGRESS_EVERY_S of a recent write). Two processes training one trial would commit
+    checkpoints over each other's."""
+    writer = progress.get("writer") or {}
+    if not isinstance(writer, dict) or writer.get("pid") == os.getpid():
+        return progress
+    conflict = (
+        f"train: trial {trial.id} is still being trained by process {writer.get('pid')} on {writer.get('host')} "
+        f"(its progress record: step {progress.get('step')}); two processes would write one trial. Stop that "
+        "one (its container or node), or wait for it to end, then run again"
+    )
+    if writer.get("host") == socket.gethostname():
+        if _alive(writer):
+            raise Conflict(conflict)
+        return progress
+    at = progress.get("at")
+    if not isinstance(at, int | float) or time.time() - at > 2.5 * PROGRESS_EVERY_S:
+        return progress
+    ctx.log(f"train: trial {trial.id}'s progress was recorded {time.time() - at:.0f} s ago on another node; waiting "
+            "to see whether that process still writes it")  # fmt: skip
+    time.sleep(max(0.0, at + 2.5 * PROGRESS_EVERY_S - time.time()))
+    later = ctx.read_json(progress_key(trial.id))
+    if (later.get("at"), later.get("step")) != (at, progress.get("step")):
+        raise Conflict(conflict)
+    return later
 
 
 def _resume_point(ctx: PhaseContext, trial: Trial, setup: _Setup) -> tuple[Checkpoint | None, dict | None]:
@@ -347,7 +393,7 @@ def _fit(
             clock=ctx.clock,
             status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
             cap_minutes=plan_checkpoint_minutes(ctx),
-            progress={"key": progress_key(trial.id), "interruptions": interruptions},
+            progress={"key": progress_key(trial.id), "interruptions": interruptions, "writer": _writer()},
         )
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()

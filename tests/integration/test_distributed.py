@@ -148,3 +148,42 @@ def test_a_rank_out_of_memory_under_torchrun_records_the_trial_invalid_and_the_n
     assert main["launcher"] == "torchrun"
     variant = json.loads((trials / "half-batch/result.json").read_text())
     assert variant["status"] == "completed" and variant["steps"] == 12 and variant["world_size"] == 2
+
+
+@pytest.mark.parametrize("kill", ["process-group", "main-process"])
+def test_a_sigkilled_rentune_takes_torchrun_and_its_ranks_with_it(tmp_path, bert, kill):
+    """SIGKILL of rentune's process group (`kill -9 -PGID`), or of its main process alone (as the OOM killer
+    does): torchrun and both ranks die with it (entrypoint/processes/lifeline.py); before, they trained on
+    and committed checkpoints into the trial, beside any process that resumed it."""
+    import psutil
+
+    spec = _spec(tmp_path, bert, {"strategy": "ddp", "nproc_per_node": 2})
+    checkpoints = tmp_path / "store/jobs/dist/trials/main/checkpoints"
+    proc = subprocess.Popen(
+        [RENTUNE, "run", str(spec), "--workdir", str(tmp_path / "node-a"), "--until", "train"],
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a shell job or a container's init gives it
+    )
+    deadline = time.monotonic() + 300
+    while not (checkpoints / "step-00000010/MANIFEST.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    ranks = [
+        p for p in family if "entrypoint.processes.rank" in p.cmdline() and "torch.distributed.run" not in p.cmdline()
+    ]
+    assert len(ranks) == 2, [p.cmdline() for p in family]
+    if kill == "process-group":
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, [p.cmdline()[:4] for p in alive]
+    committed = sorted(p.parent.name for p in checkpoints.glob("step-*/MANIFEST.json"))
+    time.sleep(3)  # nothing writes into the trial any more
+    assert sorted(p.parent.name for p in checkpoints.glob("step-*/MANIFEST.json")) == committed
+    assert committed[-1] < f"step-{MAX_STEPS:08d}"

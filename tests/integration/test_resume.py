@@ -143,6 +143,34 @@ def test_sigkill_after_the_last_step_s_checkpoint_resumes_without_stepping_past_
     assert result["losses"] == ref_losses
 
 
+def test_a_resume_refuses_a_trial_that_a_live_process_still_writes(tmp_path, tiny_model, s3_server):
+    """The trial's progress record names a writer that still runs on this node (here: this test's own
+    process, standing in for an orphaned rank): the resume refuses with exit 3 rather than train beside it."""
+    import os
+    import socket
+
+    import psutil
+
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    first = start_run(spec, tmp_path / "node-a")
+    _wait_for_manifest(job, first, EVERY)
+    while job.head("trials/main/progress.json") is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    progress = json.loads(job.get_bytes("trials/main/progress.json"))
+    assert progress["writer"]["pid"] != os.getpid()  # the killed process's
+    me = psutil.Process()
+    progress["writer"] = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+    job.put_bytes("trials/main/progress.json", json.dumps(progress).encode())
+
+    code, out = _finish(start_run(spec, tmp_path / "node-b"))
+    assert code == 3, out[-3000:]
+    assert f"train: trial main is still being trained by process {me.pid} on {socket.gethostname()}" in out
+
+
 def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s3_server, reference):
     bucket = create_bucket(s3_server)
     spec = _spec(tmp_path, tiny_model, s3_server, bucket)
