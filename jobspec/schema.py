@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -110,8 +110,29 @@ def duration_seconds(value: str) -> int:
     return int(match.group(1)) * DURATION_SECONDS[match.group(2)]
 
 
+def _takes_numbers_not_bools(annotation) -> bool:
+    """Whether a field of this type takes a number but not true/false (pydantic reads `true` as 1)."""
+    args, flat = [annotation], []
+    while args:
+        arg = args.pop()
+        inner = get_args(arg)
+        if inner and get_origin(arg) is not Literal:
+            args.extend(inner)
+        else:
+            flat.append(arg)
+    return bool not in flat and any(arg in (int, float) for arg in flat)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_true_or_false_for_a_number(cls, value, info):
+        """`resamples: true` is a mistake, not 1: a YAML true/false where a number goes is refused."""
+        if isinstance(value, bool) and _takes_numbers_not_bools(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_for_number", "a number")
+        return value
 
 
 class Job(_Section):

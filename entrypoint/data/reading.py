@@ -197,7 +197,7 @@ def records(raw: RawFile, errors: list[str]) -> Iterator[tuple[str, dict]]:
 
 def _too_large(where: str, size: int, limit: int) -> str:
     return (
-        f"{where}: {size / 1e6:.1f} MB in one row; expected at most {limit / 1e6:.1f} MB, the limit for text rows "
+        f"{where}: {size:,} bytes in one row; expected at most {limit:,} bytes, the limit for text rows "
         f"(max(1 MB, {ROW_BYTES_PER_TOKEN} bytes x model.max_length): the model never sees more); shorten the row"
     )
 

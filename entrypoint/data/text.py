@@ -130,7 +130,8 @@ def read_text_parts(
         dropped, first = untrainable["rows"], untrainable["first"]
         parts.summary["untrainable"] = {"policy": data.truncation, "dropped": dropped, "first": first}
         if dropped:
-            log(f"data: {dropped} rows dropped: {_NOTHING_TO_TRAIN} (the first: {first}; data.truncation: drop)")
+            rows = "1 row" if dropped == 1 else f"{dropped} rows"
+            log(f"data: {rows} dropped: {_NOTHING_TO_TRAIN} (the first: {first}; data.truncation: drop)")
     return parts
 
 

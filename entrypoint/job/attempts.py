@@ -45,7 +45,8 @@ def previous_attempts(store: Store, current: int) -> list[dict]:
         try:
             ended = read_json(store, f"attempts/{n}/ended.json")
         except ObjectNotFound:
-            ended = {"outcome": "killed", "error": "no end record: SIGKILL, OOM killer or node loss"}
+            why = "no end record: SIGKILL, OOM killer, node loss, or the store unreachable as it ended (see its log)"
+            ended = {"outcome": "killed", "error": why}
         out.append({"attempt": n, **ended})
     return out
 

@@ -12,10 +12,10 @@ import sys
 
 from entrypoint.context import PhaseContext
 from entrypoint.job.state import read_jsonl
-from entrypoint.processes.lifeline import dies_with_parent
 from entrypoint.store import StoreError
 from entrypoint.store.checkpoint import checkpoint_prefix
 from entrypoint.training.disk import child_failed, last_error_line
+from entrypoint.training.lifeline import dies_with_parent
 
 __all__ = ["VERIFY_TOLERANCE", "VerificationFailed", "run"]
 

@@ -15,8 +15,8 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.job.state import dumps
-from entrypoint.processes.lifeline import die_with_parent
 from entrypoint.store import get_tree
+from entrypoint.training.lifeline import die_with_parent
 from entrypoint.trial.export import PARITY_KEY
 from entrypoint.trial.parity import parity
 

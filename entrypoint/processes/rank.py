@@ -16,10 +16,10 @@ import sys
 from entrypoint.context import subprocess_context
 from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
 from entrypoint.job.state import dumps, rank_result_key
-from entrypoint.processes.lifeline import die_with_parent
 from entrypoint.store import ObjectExists
 from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import node_rank, rank
+from entrypoint.training.lifeline import die_with_parent
 from entrypoint.training.memory import is_oom
 from entrypoint.trial.train import train_trial
 from jobspec.experiments import resolve_trials

@@ -13,7 +13,7 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.job.state import dumps
-from entrypoint.processes.lifeline import die_with_parent
+from entrypoint.training.lifeline import die_with_parent
 from entrypoint.trial.recheck import RecheckError, recheck
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from entrypoint.errors import InvalidInput
-from entrypoint.processes.lifeline import dies_with_parent
+from entrypoint.training.lifeline import dies_with_parent
 from jobspec.schema import Distribution
 
 __all__ = [

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext
 from entrypoint.job.state import trial_result_key
-from entrypoint.processes.lifeline import dies_with_parent
 from entrypoint.report.binding import KWARGS_FILE
 from entrypoint.report.serving import ollama_modelfile, serving_guide, vllm_readiness
 from entrypoint.store import ObjectNotFound, get_tree
 from entrypoint.store.hashing import file_sha256
 from entrypoint.training.disk import child_failed, last_error_line
 from entrypoint.training.environment import environment
+from entrypoint.training.lifeline import dies_with_parent
 from entrypoint.training.merge import base_dtype, merge_loaded, merge_streamed, stream_refusal
 from entrypoint.training.model import SAFE_LOADING, hash_base_model, load_adapter
 from entrypoint.training.quantize import dequantized, quantized_base

@@ -153,7 +153,7 @@ def test_a_rank_out_of_memory_under_torchrun_records_the_trial_invalid_and_the_n
 @pytest.mark.parametrize("kill", ["process-group", "main-process"])
 def test_a_sigkilled_rentune_takes_torchrun_and_its_ranks_with_it(tmp_path, bert, kill):
     """SIGKILL of rentune's process group (`kill -9 -PGID`), or of its main process alone (as the OOM killer
-    does): torchrun and both ranks die with it (entrypoint/processes/lifeline.py); before, they trained on
+    does): torchrun and both ranks die with it (entrypoint/training/lifeline.py); before, they trained on
     and committed checkpoints into the trial, beside any process that resumed it."""
     import psutil
 

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Lowest first. A unit may import the units before it, never one after it.
 ORDER = (
     "errors",
-    "notices",
     "jobspec",
+    "notices",
     "store",
     "job",
     "data",
