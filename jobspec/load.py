@@ -174,6 +174,11 @@ def _cross_checks(spec: JobSpec, source: str) -> JobSpec:
             f"{source}: training.packing: expected false for task classification (packing is for causal LMs: "
             "tasks format and extraction)"
         )
+    if "truncation" in spec.data.model_fields_set and spec.hypothesis.task == "classification":
+        errors.append(
+            f"{source}: data.truncation: expected unset for task classification (it says what to do with a causal "
+            "LM's row whose counted tokens all lie past model.max_length; a classifier reads every row's start)"
+        )
     if spec.model.attn_implementation != "auto" and spec.hypothesis.task == "classification":
         errors.append(
             f"{source}: model.attn_implementation: expected auto for task classification (it is for causal LMs)"

@@ -142,6 +142,8 @@ BAD_SPECS += [
         "4-bit settings",
     ),
     ("merge-base-alone", _with("export", {"merge_base": "original"}, _EXTRACT), "export.merge_base", "quantization"),
+    ("truncation-classifier", _with("data.truncation", "fail"), "data.truncation", "expected unset for task"),
+    ("resamples-true", _with("evaluation", {"resamples": True}), "evaluation.resamples", "expected a number, got True"),
     (
         "qlora-full-variant",
         _with(
