@@ -33,6 +33,7 @@ S3 endpoint; the ratios and the peaks over the model's or the state's size are w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -411,12 +413,33 @@ print(f"fetch {fetched:.2f} s hash {hashed:.2f} s full {time.perf_counter() - st
 """
 
 
+def _forget(ctx, job_id: str, *names: str) -> None:
+    """Free the disk a finished measurement held: the job's objects (and their boto3 copies) in the bucket,
+    reclaimed by a SeaweedFS vacuum, and the local work dirs and model caches of `names`. Every 0.5B full
+    fine-tune leaves 6 GB per checkpoint; the parts together would not fit this machine's disk otherwise."""
+    client = raw_client(ctx.endpoint)
+    for prefix in (f"runs/jobs/{job_id}/", f"boto3/{job_id}/"):
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=ctx.bucket, Prefix=prefix)
+        keys = [{"Key": o["Key"]} for page in pages for o in page.get("Contents", [])]
+        for start in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=ctx.bucket, Delete={"Objects": keys[start : start + 1000]})
+    for name in names:
+        shutil.rmtree(ctx.tmp / f"work-{name}", ignore_errors=True)
+        shutil.rmtree(ctx.tmp / f"cache-{name}", ignore_errors=True)
+    url = f"http://127.0.0.1:{ctx.master_port}/vol/vacuum?garbageThreshold=0.0001"
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(url, timeout=600).read()
+
+
 def _push(ctx, folder: Path, name: str) -> str:
+    if folder in ctx.pushed:  # one copy of each model in the bucket, whatever the parts need
+        return ctx.pushed[folder]
     uri = f"s3://{ctx.bucket}/models/{name}"
     push = Watched([RENTUNE, "push-model", str(folder), uri, "--endpoint-url", ctx.endpoint,
                     "--addressing-style", "path"])  # fmt: skip
     if push.finish() != 0:
         raise RuntimeError(f"push-model {folder} failed")
+    ctx.pushed[folder] = uri
     return uri
 
 
@@ -479,6 +502,8 @@ def part_b(ctx) -> None:
         print(f"  {label}: rentune run --until train exit {code} in {job.seconds:.0f} s")
         _checkpoint_table(ctx, label, job, job_id, model, "full" if full else "lora")
         ctx.jobs[label] = (job_id, uri, spec)
+        if full:  # part e continues the LoRA job; nothing needs the full one's 6 GB checkpoints
+            _forget(ctx, job_id, job_id)
 
 
 def part_c(ctx) -> None:
@@ -488,6 +513,8 @@ def part_c(ctx) -> None:
     straight, cut = f"bench-c-straight-{stamp}", f"bench-c-killed-{stamp}"
     whole = run_job(job_spec(straight, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True), ctx.tmp, straight, "train")
     whole.finish()
+    reference = _final_weights(ctx, straight)
+    _forget(ctx, straight, straight)
     spec = job_spec(cut, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True)
     job = run_job(spec, ctx.tmp, cut, until="train")
     job.lines_until(r"checkpoint: committed step 2")
@@ -512,8 +539,9 @@ def part_c(ctx) -> None:
     shutil.rmtree(ctx.tmp / "down-c", ignore_errors=True)
     row(f"restore of step {match.group(1)} ({match.group(2)} MB)", float(match.group(3)), theirs,
         extra="/ boto3 defaults")  # fmt: skip
-    same = _final_weights(ctx, straight) == _final_weights(ctx, cut)
+    same = reference == _final_weights(ctx, cut)
     print(f"  final weights equal to the uninterrupted run's: {same}")
+    _forget(ctx, cut, cut, cut + "-resumed")
 
 
 def _final_weights(ctx, job_id: str) -> dict:
@@ -541,6 +569,7 @@ def part_d(ctx) -> None:
         said = re.search(r"committed ([\d.]+) s after SIGTERM", job.text())
         row(f"{label}: SIGTERM after step {at} -> committed", float(said.group(1)) if said else float("nan"),
             extra=f"exit {code}, process gone after {gone:.1f} s")  # fmt: skip
+        _forget(ctx, job_id, job_id)
 
 
 def part_e(ctx) -> None:
@@ -595,6 +624,8 @@ class Context:
         self.data = self.tmp / "orders.jsonl"
         self.data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(80)))
         self.jobs: dict[str, tuple] = {}
+        self.pushed: dict[Path, str] = {}
+        self.master_port: int | None = None
 
 
 def main() -> None:
@@ -608,6 +639,7 @@ def main() -> None:
     os.environ.update(ENV)
     with SeaweedServer() as server:
         ctx = Context(args.work, server.endpoint_url, args.seed)
+        ctx.master_port = server.master_port
         ctx.b_jobs = args.b_jobs.split(",")
         try:
             for part in args.part.split(","):

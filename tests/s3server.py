@@ -227,7 +227,7 @@ class SeaweedServer:
             (self._dir / "s3.json").write_text(json.dumps(SEAWEED_S3_CONFIG))
             (self._dir / "master.toml").write_text(SEAWEED_MASTER_TOML)  # read from the working directory
             master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
-            self.port = s3
+            self.port, self.master_port = s3, master
             # Each component also serves gRPC on a unix socket at a fixed path that no flag or TMPDIR moves.
             grpc = {"master": master_grpc, "volume": volume_grpc, "filer": filer_grpc, "s3": s3_grpc}
             self._sockets = [Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock") for name, port in grpc.items()]
