@@ -174,7 +174,8 @@ class Continued(NamedTuple):
     def lines(self) -> list[str]:
         """One line per moved location, for the log."""
         return [
-            f"spec: {field} is {value!r} on this node (the stored spec says {self.was[field]!r}; the same job)"
+            f"spec: {field} is {value!r} on this node (the stored spec says {self.was[field]!r}): a move, if what "
+            "it holds is the same (checked by content before it is used)"
             for field, value in self.moved.items()
         ]
 
