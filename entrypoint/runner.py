@@ -12,16 +12,20 @@ be idempotent: they may overwrite their own uncommitted outputs and never touch 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from entrypoint.context import PhaseContext
-from entrypoint.errors import Interrupted, InvalidInput
+from entrypoint.errors import Conflict, Interrupted, InvalidInput
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
@@ -321,6 +325,42 @@ def merge_later(
         preflight(spec.training, spec.model, None, quantized=True)
     trial_id = binding["trial_id"]
     kept = adapter_files(binding["files"])
-    write_binding(ctx, trial_id, kept)  # first no merged folder listed, then none stored, then the new one
-    clear_merged(ctx)
-    return finish_export(ctx, trial_id, kept, export_merged(ctx, trial_id, dtype or spec.export.dtype))["merged"]
+    with _merge_claim(store, log):
+        write_binding(ctx, trial_id, kept)  # first no merged folder listed, then none stored, then the new one
+        clear_merged(ctx)
+        merged = export_merged(ctx, trial_id, dtype or spec.export.dtype)
+        return finish_export(ctx, trial_id, kept, merged)["merged"]
+
+
+MERGE_CLAIM = "export/MERGING.json"  # held while `rentune export --merged` writes export/merged/
+
+
+@contextlib.contextmanager
+def _merge_claim(store: Store, log: Callable[[str], None]):
+    """One `export --merged` at a time per job: a claim put if absent, deleted at the end. A claim whose
+    process is gone from this node is taken over; one held on another node refuses (Conflict, exit 3):
+    two merges would write export/merged/ over each other, and both would report success."""
+    me = psutil.Process()
+    ours = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(), "at": time.time()}
+    for _ in range(2):
+        try:
+            store.put_if_absent(MERGE_CLAIM, dumps(ours))
+            break
+        except ObjectExists:
+            theirs = read_json(store, MERGE_CLAIM)
+            alive = theirs.get("host") != ours["host"]  # another node's: assumed alive
+            with contextlib.suppress(psutil.Error, KeyError, TypeError):
+                alive = alive or psutil.Process(theirs["pid"]).create_time() == theirs["started"]
+            if alive:
+                raise Conflict(
+                    f"{store.uri}/{MERGE_CLAIM}: another `rentune export --merged` (process {theirs.get('pid')} on "
+                    f"{theirs.get('host')}) is writing export/merged/; wait for it to end. If it is gone, delete "
+                    "that object and run again"
+                ) from None
+            log(f"export: taking over the merge claim of process {theirs.get('pid')}, which is gone")
+            store.delete(MERGE_CLAIM)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(StoreError):
+            store.delete(MERGE_CLAIM)
