@@ -89,21 +89,31 @@ def test_one_corrupt_byte_falls_back_and_logs_why(store, tmp_path):
     assert lines[0].endswith("; falling back to an older checkpoint")
 
 
-def _flip(body: bytes) -> bytes:
-    return body[:100] + bytes([body[100] ^ 0x01]) + body[101:]
+def _flip(body: bytes, at: int = 100) -> bytes:
+    return body[:at] + bytes([body[at] ^ 0x01]) + body[at + 1 :]
+
+
+def _two_steps_on_s3(s3_server: str, tmp_path: Path) -> tuple[str, S3Store]:
+    """Steps 10 and 20 committed to a fresh bucket on moto: the bucket and a store reaching it directly."""
+    bucket = create_bucket(s3_server)
+    direct = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=s3_server)
+    for step in (10, 20):
+        _commit(direct, tmp_path, step)
+    return bucket, direct
+
+
+def _step_20_optimizer(method: str, path: str) -> bool:
+    return method == "GET" and path.split("?")[0].endswith("step-00000020/optimizer.pt")
 
 
 def test_a_bit_flipped_in_transit_is_downloaded_again_and_withdraws_nothing(s3_server, tmp_path):
     """One download of step 20's optimizer.pt has a flipped bit (a proxy between rentune and a real S3
     server): it is downloaded again, verifies, and step 20 is the checkpoint found, not withdrawn."""
-    bucket = create_bucket(s3_server)
-    direct = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=s3_server)
-    for step in (10, 20):
-        _commit(direct, tmp_path, step)
+    bucket, direct = _two_steps_on_s3(s3_server, tmp_path)
     flipped = []
 
     def once(method: str, path: str, body: bytes) -> bytes:
-        if method == "GET" and path.split("?")[0].endswith("step-00000020/optimizer.pt") and not flipped:
+        if _step_20_optimizer(method, path) and not flipped:
             flipped.append(path)
             return _flip(body)
         return body
@@ -118,17 +128,13 @@ def test_a_bit_flipped_in_transit_is_downloaded_again_and_withdraws_nothing(s3_s
 
 
 def test_bytes_that_differ_on_every_download_are_an_error_and_stored_bytes_that_are_wrong_withdraw(s3_server, tmp_path):
-    bucket = create_bucket(s3_server)
-    direct = S3Store.from_uri(f"s3://{bucket}/r", endpoint_url=s3_server)
-    for step in (10, 20):
-        _commit(direct, tmp_path, step)
+    bucket, direct = _two_steps_on_s3(s3_server, tmp_path)
     gets = []
 
     def each_time_another(method: str, path: str, body: bytes) -> bytes:
-        if method == "GET" and path.split("?")[0].endswith("step-00000020/optimizer.pt"):
+        if _step_20_optimizer(method, path):
             gets.append(path)
-            at = 100 + len(gets)
-            return body[:at] + bytes([body[at] ^ 0x01]) + body[at + 1 :]
+            return _flip(body, 100 + len(gets))
         return body
 
     with S3Proxy(s3_server, mangle=each_time_another) as proxy:
