@@ -534,7 +534,9 @@ def part_c(ctx) -> None:
     again = run_job(spec, ctx.tmp, cut + "-resumed", until="train")
     match = again.lines_until(r"resuming from committed checkpoint step (\d+) \(([\d,.]+) MB verified in ([\d.]+) s\)")
     again.finish()
-    prefix = f"runs/jobs/{cut}/trials/main/checkpoints/step-{int(match.group(1)):08d}"
+    # the restored step may be rotated away by now (keep: 2): boto3 downloads the newest, of the same size
+    newest = max(trial_record(ctx.endpoint, ctx.bucket, cut)["checkpoints_committed"])
+    prefix = f"runs/jobs/{cut}/trials/main/checkpoints/step-{newest:08d}"
     theirs = boto3_download(ctx.endpoint, ctx.bucket, prefix, ctx.tmp / "down-c", defaults=True)
     shutil.rmtree(ctx.tmp / "down-c", ignore_errors=True)
     row(f"restore of step {match.group(1)} ({match.group(2)} MB)", float(match.group(3)), theirs,
