@@ -206,7 +206,14 @@ def _race(store: Store, key: str, writers: int) -> list[int]:
         return [w for w in pool.map(attempt, range(writers)) if w is not None]
 
 
-def test_put_if_absent_race_has_exactly_one_winner(store):
+def test_put_if_absent_race_has_exactly_one_winner(backend):
+    if backend.name == "moto":  # the server's atomicity is what this checks; rentune sends one conditional PUT
+        pytest.skip(
+            "moto checks If-None-Match and then writes, without a lock (moto/s3/responses.py): under load two "
+            "concurrent writers can both win there (seen once in a suite run: round 4, two winners). Checked on "
+            "file:// and SeaweedFS"
+        )
+    store = backend.store
     for round_ in range(10):
         key = f"claims/round-{round_}.json"
         winners = _race(store, key, writers=8)
