@@ -15,14 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import Conflict, Interrupted, InvalidInput
@@ -35,6 +32,7 @@ from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, ch
 from entrypoint.training.device import preflight
 from entrypoint.training.disk import disk_full
 from entrypoint.training.environment import environment
+from entrypoint.training.lifeline import process_identity, still_running
 from entrypoint.training.model import match_base_model, resolve_model_dir
 from entrypoint.trial.export import adapter_files, clear_merged, export_merged, finish_export, write_binding
 from jobspec.compare import with_locations
@@ -340,18 +338,14 @@ def _merge_claim(store: Store, log: Callable[[str], None]):
     """One `export --merged` at a time per job: a claim put if absent, deleted at the end. A claim whose
     process is gone from this node is taken over; one held on another node refuses (Conflict, exit 3):
     two merges would write export/merged/ over each other, and both would report success."""
-    me = psutil.Process()
-    ours = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(), "at": time.time()}
+    ours = {**process_identity(), "at": time.time()}
     for _ in range(2):
         try:
             store.put_if_absent(MERGE_CLAIM, dumps(ours))
             break
         except ObjectExists:
             theirs = read_json(store, MERGE_CLAIM)
-            alive = theirs.get("host") != ours["host"]  # another node's: assumed alive
-            with contextlib.suppress(psutil.Error, KeyError, TypeError):
-                alive = alive or psutil.Process(theirs["pid"]).create_time() == theirs["started"]
-            if alive:
+            if theirs.get("host") != ours["host"] or still_running(theirs):  # another node's: assumed alive
                 raise Conflict(
                     f"{store.uri}/{MERGE_CLAIM}: another `rentune export --merged` (process {theirs.get('pid')} on "
                     f"{theirs.get('host')}) is writing export/merged/; wait for it to end. If it is gone, delete "

@@ -9,6 +9,9 @@ Elsewhere a daemon thread checks the parent every WATCH_SECONDS and kills this p
 
     Popen(..., preexec_fn=dies_with_parent)    # the child, between fork and exec (kept across exec)
     die_with_parent()                          # a process, about itself (a torchrun rank, at its start)
+
+Records that a process holds something (a trial's progress, the merge claim) name it with
+`process_identity()`; `still_running(identity)` tells, on the same node, whether that process still runs.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 
-__all__ = ["WATCH_SECONDS", "die_with_parent", "dies_with_parent"]
+import psutil
+
+__all__ = ["WATCH_SECONDS", "die_with_parent", "dies_with_parent", "process_identity", "still_running"]
 
 PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 1.0
@@ -60,3 +66,17 @@ def die_with_parent() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="rentune-lifeline", daemon=True).start()
+
+
+def process_identity() -> dict:
+    """This process, as a record names it: its node, pid and start time (a reused pid has another)."""
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+
+
+def still_running(identity: dict) -> bool:
+    """Whether the process `process_identity()` named on this node still runs (False for a malformed record)."""
+    try:
+        return psutil.Process(identity["pid"]).create_time() == identity["started"]
+    except (psutil.Error, KeyError, TypeError):
+        return False

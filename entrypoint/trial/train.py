@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 from transformers import set_seed
 
@@ -37,6 +36,7 @@ from entrypoint.training.device import resolve_precision
 from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import deepspeed_config, is_rank, node_rank, rank
 from entrypoint.training.environment import environment, platform_summary
+from entrypoint.training.lifeline import process_identity, still_running
 from entrypoint.training.model import adaptation_summary, hash_base_model
 from entrypoint.training.throughput import CountingCollator, ThroughputMeter, flops_per_token, peak_flops
 from entrypoint.training.trainer import (
@@ -283,19 +283,6 @@ def _interruptions(ctx: PhaseContext, trial: Trial, resume: Checkpoint | None) -
     return seen
 
 
-def _writer() -> dict:
-    """Who writes a progress record: enough to tell, from the same node, whether that process still runs."""
-    me = psutil.Process()
-    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
-
-
-def _alive(writer: dict) -> bool:
-    try:
-        return psutil.Process(writer["pid"]).create_time() == writer["started"]
-    except (psutil.Error, KeyError, TypeError):
-        return False
-
-
 def _unless_still_written(ctx: PhaseContext, trial: Trial, progress: dict) -> dict:
     """The trial's progress record, once no other process writes the trial: raises Conflict when the one
     that wrote it still trains (on this node: its pid, at its start time; on another node: its record moves
@@ -310,7 +297,7 @@ def _unless_still_written(ctx: PhaseContext, trial: Trial, progress: dict) -> di
         "one (its container or node), or wait for it to end, then run again"
     )
     if writer.get("host") == socket.gethostname():
-        if _alive(writer):
+        if still_running(writer):
             raise Conflict(conflict)
         return progress
     at = progress.get("at")
@@ -393,7 +380,7 @@ def _fit(
             clock=ctx.clock,
             status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
             cap_minutes=plan_checkpoint_minutes(ctx),
-            progress={"key": progress_key(trial.id), "interruptions": interruptions, "writer": _writer()},
+            progress={"key": progress_key(trial.id), "interruptions": interruptions, "writer": process_identity()},
         )
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()
