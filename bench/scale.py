@@ -511,11 +511,13 @@ def part_c(ctx) -> None:
     uri = _push(ctx, ctx.small, "c-small")
     stamp = int(time.time())
     straight, cut = f"bench-c-straight-{stamp}", f"bench-c-killed-{stamp}"
-    whole = run_job(job_spec(straight, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True), ctx.tmp, straight, "train")
+    # 4 steps, a checkpoint every 2: the kill lands in step 4's upload, the resume trains steps 3 and 4
+    whole = run_job(job_spec(straight, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True, max_steps=4), ctx.tmp,
+                    straight, "train")  # fmt: skip
     whole.finish()
     reference = _final_weights(ctx, straight)
     _forget(ctx, straight, straight)
-    spec = job_spec(cut, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True)
+    spec = job_spec(cut, uri, ctx.endpoint, ctx.bucket, ctx.data, full=True, max_steps=4)
     job = run_job(spec, ctx.tmp, cut, until="train")
     job.lines_until(r"checkpoint: committed step 2")
     job.lines_until(r"train: step [34]/")  # the commit of step 4 starts after step 4's local save

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
+from entrypoint.errors import EXIT_INTERRUPTED, Interrupted, signal_name
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.launches import attempt_ended, newest_launch
 from entrypoint.job.state import continue_spec, job_store, phase_result_key, stored_spec, trial_result_key
@@ -151,6 +151,7 @@ def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log)
         log,
     )
     if terminated or code == EXIT_INTERRUPTED:
-        raise Interrupted(f"node {node}: torchrun ranks stopped on SIGTERM (exit {code})")
+        stopped = terminated or signal.SIGTERM
+        raise Interrupted(f"node {node}: torchrun ranks stopped on {signal_name(stopped)} (exit {code})", stopped)
     if code != 0:  # the lead decides what the trial's failure means; its next launch says what comes next
         log(f"node {node}: torchrun exited with code {code} in trial {trial}; waiting for the lead's next launch")

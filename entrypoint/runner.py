@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.context import PhaseContext
-from entrypoint.errors import Conflict, Interrupted, InvalidInput
+from entrypoint.errors import STOP_SIGNALS, Conflict, Interrupted, InvalidInput, signal_name
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
 from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
@@ -114,16 +114,19 @@ class JobOutcome:
     skipped: list[str]
 
 
-def _stop_on_sigterm():
-    """Outside training (which finishes its step and commits first), SIGTERM stops the current phase at
-    once: it is not committed and runs again in the next process. Returns the previous handler."""
+def _stop_on_signals() -> dict:
+    """Outside training (which finishes its step and commits first), SIGTERM or SIGINT (Ctrl-C) stops the
+    current phase at once: it is not committed and runs again in the next process. Returns the previous
+    handlers."""
 
     def stop(signum, frame):
-        raise Interrupted("stopped on SIGTERM before the current phase committed; it runs again on resume")
+        raise Interrupted(
+            f"stopped on {signal_name(signum)} before the current phase committed; it runs again on resume", signum
+        )
 
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, stop)
+        return {}
+    return {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
 
 
 def run_job(
@@ -173,7 +176,7 @@ def run_job(
     _start_attempt(ctx, root, attempt)
     ran, skipped = [], []
     outcome = {"outcome": "error", "phase": None}
-    previous_handler = _stop_on_sigterm()
+    previous_handlers = _stop_on_signals()
     try:
         preflight(spec.training, spec.model, spec.tracking, spec.adaptation.quantization is not None)
         model_checked = False
@@ -199,8 +202,8 @@ def run_job(
         outcome["error"] = redact_text(f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        for signum, previous in previous_handlers.items():
+            signal.signal(signum, previous)
         outcome["ended_at"] = time.time()
         try:
             store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))

@@ -4,7 +4,7 @@
     1    the job failed (anything unexpected: printed with its type; the attempt record in the store has it)
     2    invalid input (`InvalidInput`, a `SpecError`, a `Refused`)
     3    the store refuses (`Conflict`)
-    143  stopped by SIGTERM (`Interrupted`)
+    143  stopped by SIGTERM, 130 by SIGINT (Ctrl-C) (`Interrupted`)
 
 A command raises; this is the only place a command exits (tests/unit/test_commands.py checks it).
 """

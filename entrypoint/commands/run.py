@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 import click
 
 from entrypoint.commands.exits import Refused, exits
 from entrypoint.commands.options import StoreFlags, log, store_options, workdir_option
+from entrypoint.errors import Interrupted
 from entrypoint.job.state import PHASE_NAMES, job_store, read_json
 from entrypoint.report.markdown import summary_table
 from jobspec.load import load_spec
@@ -66,7 +69,13 @@ def run(
                 )
             return
         with exits(source=loaded.source):
-            outcome = run_job(loaded, root, workdir, log, until=until, reopen_test=reopen_test, startup_seconds=startup)
+            try:
+                outcome = run_job(
+                    loaded, root, workdir, log, until=until, reopen_test=reopen_test, startup_seconds=startup
+                )
+            except Interrupted as exc:  # SIGTERM or Ctrl-C: what was committed stays; say how to go on
+                again = shlex.join(["rentune", *sys.argv[1:]])
+                raise Interrupted(f"{exc}\nto continue, run the same command again: {again}", exc.signum) from None
         if until is not None and until not in ("report", "export"):
             log(f"\nstopped after {until}, as asked; results under {outcome.store_uri}/phases/")
             return

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import gc
 import shutil
+import signal
 import time
 
 import torch
 
 from entrypoint.context import PhaseContext
-from entrypoint.errors import EXIT_INTERRUPTED, Interrupted
+from entrypoint.errors import EXIT_INTERRUPTED, Interrupted, signal_name
 from entrypoint.job.launches import announce_launch, end_launch
 from entrypoint.job.plan import store_plan
 from entrypoint.job.state import dumps, rank_result_key, trial_result_key
@@ -169,7 +170,11 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
         if launch:
             end_launch(ctx.store, launch)
     if terminated or code == EXIT_INTERRUPTED:
-        raise Interrupted(f"train: torchrun ranks stopped on SIGTERM (exit {code}); resume continues from the store")
+        stopped = terminated or signal.SIGTERM
+        raise Interrupted(
+            f"train: torchrun ranks stopped on {signal_name(stopped)} (exit {code}); resume continues from the store",
+            stopped,
+        )
     try:
         result = ctx.read_json(rank_result_key(trial.id))
     except ObjectNotFound:

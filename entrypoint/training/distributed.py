@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from entrypoint.errors import InvalidInput
+from entrypoint.errors import STOP_SIGNALS, InvalidInput, signal_name
 from entrypoint.training.lifeline import dies_with_parent
 from jobspec.schema import Distribution
 
@@ -85,8 +85,9 @@ def torchrun_command(distribution: Distribution, rank_args: Sequence[str], rdzv_
     return [*command, "-m", "entrypoint.processes.rank", *rank_args]
 
 
-def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bool]:
-    """Run torchrun in the foreground; forward SIGTERM to it. Returns (exit code, SIGTERM was received).
+def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, int | None]:
+    """Run torchrun in the foreground; forward SIGTERM to it when this process gets SIGTERM or SIGINT
+    (Ctrl-C). Returns (exit code, the stop signal received, or None).
 
     torchrun kills its ranks `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
     raised above the checkpoint grace so that the ranks' own watchdog decides when to give up."""
@@ -95,20 +96,23 @@ def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, bo
 
     def forward(signum, frame):
         received.append(signum)
-        log("train: SIGTERM received; forwarding to the torchrun ranks")
+        log(f"train: {signal_name(signum)} received; forwarding SIGTERM to the torchrun ranks")
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)  # before Popen: no window where torchrun is orphaned
+    # before Popen: no window where torchrun is orphaned
+    previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
     try:
         env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace_seconds) + 15)}
-        procs.append(subprocess.Popen(command, env=env, preexec_fn=dies_with_parent))
+        # a session of its own: a Ctrl-C in the terminal reaches rentune alone, which forwards it as SIGTERM
+        procs.append(subprocess.Popen(command, env=env, preexec_fn=dies_with_parent, start_new_session=True))
         if received:
             procs[0].send_signal(signal.SIGTERM)
         code = procs[0].wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    return code, bool(received)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return code, (received[0] if received else None)
 
 
 def deepspeed_config(distribution: Distribution, precision: str) -> dict:

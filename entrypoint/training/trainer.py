@@ -28,7 +28,7 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
-from entrypoint.errors import EXIT_INTERRUPTED, DiskFull
+from entrypoint.errors import STOP_SIGNALS, DiskFull, signal_name
 from entrypoint.store import Store, StoreError
 from entrypoint.store.checkpoint import CheckpointError, Nodes
 from entrypoint.store.committer import Committer
@@ -170,42 +170,56 @@ def throughput_text(figures: dict) -> str:
 
 
 class graceful_sigterm:
-    """Context manager: while active, SIGTERM sets `requested` instead of killing the process, and starts a
-    watchdog that ends the process with EXIT_INTERRUPTED once `grace_seconds` have passed, whatever it is
-    doing. A checkpoint whose manifest is not written by then simply does not exist."""
+    """Context manager: while active, SIGTERM or SIGINT (Ctrl-C) sets `requested` instead of killing the
+    process (`signum` says which came first), and starts a watchdog that ends the process with 128 + signum
+    once `grace_seconds` have passed, whatever it is doing. A checkpoint whose manifest is not written by
+    then simply does not exist. A second Ctrl-C ends the process at once, without that checkpoint."""
 
     def __init__(self, grace_seconds: float, log: Callable[[str], None]):
         self.grace_seconds = grace_seconds
         self.log = log
         self.requested = threading.Event()
         self.received_at: float | None = None
-        self.watchdog: threading.Timer | None = None  # armed by the first SIGTERM; never disarmed in a run
+        self.signum: int = signal.SIGTERM
+        self.watchdog: threading.Timer | None = None  # armed by the first signal; never disarmed in a run
         self.steps_done: int | None = None  # optimizer steps completed, kept by the checkpoint callback
-        self._previous = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def name(self) -> str:
+        return signal_name(self.signum)
 
     def _handle(self, signum, frame) -> None:
         if self.requested.is_set():
+            if signum == signal.SIGINT:
+                self.log("train: a second Ctrl-C; exiting now, without the checkpoint of this step")
+                os._exit(128 + signum)
             return
         self.received_at = time.monotonic()
+        self.signum = signum
         self.requested.set()
         during = f" during step {self.steps_done + 1}" if self.steps_done is not None else ""
-        self.log(f"train: SIGTERM received{during}; finishing it and committing within {self.grace_seconds:.0f} s")
+        again = " (Ctrl-C again to exit without it)" if signum == signal.SIGINT else ""
+        self.log(
+            f"train: {self.name} received{during}; finishing it and committing within {self.grace_seconds:.0f} s"
+            + again
+        )
         self.watchdog = threading.Timer(self.grace_seconds, self._expire)
         self.watchdog.daemon = True
         self.watchdog.start()
 
     def _expire(self) -> None:
         self.log("train: grace period over before the checkpoint committed; exiting without it")
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(128 + self.signum)
 
     def __enter__(self) -> graceful_sigterm:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def _distributed() -> bool:
@@ -423,7 +437,9 @@ class StoreCheckpointCallback(TrainerCallback):
         record["waited_s"] = round(waited, 3)
         record["blocked_s"] = round(time.monotonic() - asked_at, 3)
         if self.sigterm.received_at is not None and not background:
-            self.log(f"checkpoint: committed {time.monotonic() - self.sigterm.received_at:.1f} s after SIGTERM")
+            self.log(
+                f"checkpoint: committed {time.monotonic() - self.sigterm.received_at:.1f} s after {self.sigterm.name}"
+            )
         self.last_commit = time.monotonic()
 
     def on_train_end(self, args, state, control, **kwargs):

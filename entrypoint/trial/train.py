@@ -420,9 +420,14 @@ def _fit(
         tracking.close(finished=ended)  # the report phase adds the results
     divergence.raise_if_diverged()
     if sigterm.requested.is_set() and trainer.state.global_step < trainer.state.max_steps:
+        kept = (
+            f"step {max(saver.committed)} is committed and the next run resumes from it"
+            if saver.committed
+            else "no checkpoint committed in this process; the next run resumes from the newest earlier one"
+        )
         raise Interrupted(
-            f"train: stopped on SIGTERM at step {trainer.state.global_step}/{trainer.state.max_steps}; "
-            f"committed checkpoints: {saver.committed or 'none in this process'}"
+            f"train: stopped on {sigterm.name} at step {trainer.state.global_step}/{trainer.state.max_steps}; {kept}",
+            sigterm.signum,
         )
     return trainer, saver, first_steps, meter
 

@@ -76,7 +76,7 @@ def test_two_processes_checkpoint_stop_and_resume_in_a_fresh_launch(tmp_path, be
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 143, out[-3000:]
-    assert "forwarding to the torchrun ranks" in out
+    assert "train: SIGTERM received; forwarding SIGTERM to the torchrun ranks" in out
     manifests = sorted(checkpoints.glob("step-*/MANIFEST.json"))
     stopped_at = json.loads(manifests[-1].read_text())
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(stopped_at["files"])  # rank 0 waited for rank 1

@@ -7,6 +7,7 @@ run is long enough in steps to be interrupted, yet takes seconds. Processes are 
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, find_latest
 from entrypoint.store.s3 import S3Store
 from tests.metadata_server import FakeMetadata
 from tests.models import build_tiny_bert
-from tests.processes import start_run
+from tests.processes import rentune, start_run
 from tests.s3server import create_bucket
 from tests.specs import s3_section, tiny_job, write_spec
 
@@ -208,6 +209,34 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
     weights = _final_weights(job, tmp_path)
     assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)
+
+
+def test_ctrl_c_commits_its_step_exits_130_and_the_printed_command_resumes_there(tmp_path, tiny_model, s3_server):
+    """Ctrl-C (SIGINT, as tini forwards it from `docker run -it`) during training is a SIGTERM: the step in
+    progress is finished and committed, the process exits 130 (not click's "Aborted!", exit 1), the attempt
+    is recorded as interrupted, and the command it prints resumes from that very step."""
+    bucket = create_bucket(s3_server)
+    spec = _spec(tmp_path, tiny_model, s3_server, bucket)
+    job = _job(s3_server, bucket)
+    proc = start_run(spec, tmp_path / "node-a", None, "--until", "train")
+    _wait_for_manifest(job, proc, EVERY)
+    proc.send_signal(signal.SIGINT)
+    code, out = _finish(proc)
+    assert code == 130, out[-4000:]
+    assert "train: SIGINT (Ctrl-C) received during step" in out and "Aborted!" not in out
+    ended = json.loads(job.get_bytes("attempts/1/ended.json"))
+    assert ended["outcome"] == "interrupted" and ended["phase"] == "train", ended
+    kept = find_latest(job, checkpoint_prefix("main"), tmp_path / "check", lambda m: None)
+    assert kept is not None and kept.step < MAX_STEPS
+    assert f"checkpoint: committed step {kept.step}" in out and "s after SIGINT (Ctrl-C)" in out
+    assert f"step {kept.step} is committed and the next run resumes from it" in out
+    again = out.split("to continue, run the same command again: ")[1].splitlines()[0]
+    command = shlex.split(again)
+    assert command[0] == "rentune" and command[1:] == ["run", str(spec), "--workdir", str(tmp_path / "node-a"),
+                                                       "--until", "train"]  # fmt: skip
+    resumed = rentune(*command[1:], timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-2000:]
+    assert f"train: resuming from committed checkpoint step {kept.step} " in resumed.stdout
 
 
 def test_interruption_notice_commits_at_once_exits_143_and_resumes_exact(tmp_path, tiny_model, s3_server, reference):
