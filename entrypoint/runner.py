@@ -85,6 +85,9 @@ def check_power(ctx: PhaseContext) -> None:
     if table is None:  # a baseline committed by a rentune without the power check: nothing to check
         return
     hypothesis = next(m for m in table["metrics"] if m["role"] == "hypothesis")
+    if hypothesis.get("reachable") is False:
+        _cannot_hold(ctx, hypothesis)
+        return
     if hypothesis["decidable"] is not False:
         return
     e, t, need = hypothesis["eval"], hypothesis["test"], hypothesis.get("needed") or {}
@@ -104,6 +107,23 @@ def check_power(ctx: PhaseContext) -> None:
             "data.split shares or a larger hypothesis.min_gain"
         )
     ctx.log(f"warning: {message}; going on (evaluation.underpowered: warn): expect 'inconclusive'")
+
+
+def _cannot_hold(ctx: PhaseContext, hypothesis: dict) -> None:
+    """The baseline already sits within min_gain of the metric's maximum: no training can show the gain."""
+    metric, asked, room = hypothesis["metric"], hypothesis["asked"], hypothesis["room"]
+    message = (
+        f"evaluation: the hypothesis cannot hold: the untouched model's {metric} is {1.0 - room:.3f} on eval, so "
+        f"a gain of hypothesis.min_gain {asked:.3f} would need {1.0 - room + asked:.3f}, above the most "
+        f"{metric} can be (1.000); the baseline leaves {room:.3f}"
+    )
+    if ctx.spec.evaluation.underpowered == "fail":
+        raise Underpowered(
+            f"{message}. Stopped before training (evaluation.underpowered: fail). Job {ctx.spec.job.id!r} keeps "
+            "its committed data, splits and baseline; ask for what the baseline leaves in a new job (a copy of "
+            "this spec with another job.id and a hypothesis.min_gain below that, or a harder metric)"
+        )
+    ctx.log(f"warning: {message}; going on (evaluation.underpowered: warn): expect 'does not hold'")
 
 
 @dataclass(frozen=True)

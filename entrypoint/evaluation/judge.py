@@ -134,7 +134,8 @@ def versus(spec: JobSpec, rows: Sequence[dict], other: Tally, chosen: Tally) -> 
 def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> dict:
     """Per verdict metric, the smallest change the eval and test splits can show (the half-width of its
     interval, estimated as in this module's docstring) against what the spec asks (min_gain, tolerance),
-    and roughly how many examples would make it small enough."""
+    and roughly how many examples would make it small enough. The hypothesis also gets its `room`, what
+    the baseline leaves below the metric's maximum (1.0), and whether min_gain fits in it (`reachable`)."""
     settings = bootstrap_settings(spec)
     computed = baseline.metrics(baseline.counts.sum(0))
     clusters = clusters_of(spec, rows)
@@ -160,6 +161,9 @@ def power(spec: JobSpec, baseline: Tally, rows: Sequence[dict], n_test: int) -> 
             "eval": {"examples": counted, "detectable": h_eval},
             "test": {"examples": round(counted * n_test / n_eval), "detectable": h_test},
         }
+        if role == "hypothesis" and wanted > 0:  # every metric rentune tallies is a share: at most 1.0
+            entry["room"] = max(0.0, 1.0 - float(computed[name]))
+            entry["reachable"] = bool(wanted <= entry["room"] + 1e-9)
         if (role == "hypothesis" and wanted == 0) or math.isnan(h_eval) or math.isnan(h_test):
             entry["decidable"] = None  # no minimum gain (any gain whose interval clears 0 holds), or no estimate
         else:
@@ -191,7 +195,9 @@ def power_lines(table: dict) -> list[str]:
     for m in table["metrics"]:
         e, t = m["eval"], m["test"]
         decided = {True: "yes", False: "NO", None: "-"}[m["decidable"]]
-        if m.get("needed") and m["needed"]["eval"]:
+        if m.get("reachable") is False:
+            decided = f"NO (cannot hold: the baseline leaves {m['room']:.3f})"
+        elif m.get("needed") and m["needed"]["eval"]:
             decided += f" (about {m['needed']['eval']} eval / {m['needed']['test']} test examples in all)"
         lines.append(
             f"{m['metric']:<28} {e['examples']:>6} {t['examples']:>6} {e['detectable']:>10.3f} /{t['detectable']:>9.3f}"

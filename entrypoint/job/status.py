@@ -108,7 +108,12 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         lines += ["", "plan against actual:", *lease_lines(account)]
     baseline = read_result(store, "baseline")
     for m in (baseline or {}).get("power", {}).get("metrics", []):
-        if m["decidable"] is False:
+        if m.get("reachable") is False:
+            lines.append(
+                f"power: {m['metric']} ({m['role']}) cannot gain the {m['asked']:.3f} asked: the baseline leaves "
+                f"{m['room']:.3f} below 1.0; expect 'does not hold'"
+            )
+        elif m["decidable"] is False:
             lines.append(
                 f"power: {m['metric']} ({m['role']}) can show changes of {m['eval']['detectable']:.3f} on eval and "
                 f"{m['test']['detectable']:.3f} on test, not the {m['asked']:.3f} asked: expect 'inconclusive'"

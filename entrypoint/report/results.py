@@ -291,6 +291,16 @@ def bar_family(family: str | None, metrics: dict[str, float]) -> tuple[str, list
     return family, names
 
 
+def _still_open(results: dict, power: dict) -> bool:
+    """Whether a verdict on the power table's metric stayed inconclusive on eval or test: a note that it
+    could stay so never sits under a verdict that decided it."""
+    if power["role"] == "hypothesis":
+        return any(results["verdict"][split]["hypothesis"] == "inconclusive" for split in ("eval", "test"))
+    chosen = next((t for t in results["trials"] if t["id"] == results["selected"]["trial_id"]), {})
+    checks = [*chosen.get("guardrails", []), *results["test"]["guardrails"]]
+    return any(c["metric"] == power["metric"] and c["result"] == "inconclusive" for c in checks) or not checks
+
+
 def limitations(results: dict, train: dict, baseline_method: str, task_notes: list[str]) -> list[str]:
     """What a reader should know before trusting the numbers, from what was observed in this run
     (`task_notes`: the task side's own, shown when a trial was selected)."""
@@ -308,7 +318,12 @@ def limitations(results: dict, train: dict, baseline_method: str, task_notes: li
                 "decide it."
             )
     for m in results["power"]["metrics"]:
-        if m["decidable"] is False:
+        if m.get("reachable") is False:
+            notes.append(
+                f"Before training, the baseline's {m['metric']} left {m['room']:.3f} below its maximum of 1.0, less "
+                f"than the {m['asked']:.3f} asked: the hypothesis could not hold, whatever the training."
+            )
+        elif m["decidable"] is False and _still_open(results, m):
             notes.append(
                 f"Before training, {m['metric']} ({m['role']}) could only show changes larger than "
                 f"{m['eval']['detectable']:.3f} on eval and {m['test']['detectable']:.3f} on test, more than the "

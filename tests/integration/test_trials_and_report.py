@@ -284,3 +284,28 @@ def test_an_underpowered_job_with_underpowered_fail_stops_after_the_baseline_wit
     baseline = json.loads((job / "phases/baseline/result.json").read_text())
     needed = baseline["power"]["metrics"][0]["needed"]["eval"]
     assert needed > 96 and f"About {needed} eval" in result.stderr
+
+
+def test_a_goal_the_baseline_leaves_no_room_for_stops_after_the_baseline_naming_the_ceiling(tmp_path):
+    """min_gain 1.0 on macro_f1: any baseline above 0 leaves less than that below 1.0, so no training can
+    show it; under `underpowered: fail` the job stops before the probe, naming the baseline and the room."""
+    model = build_tiny_bert(tmp_path / "bert")
+    spec = yaml.safe_load(_spec(tmp_path, model, "unused", "unused", "ceiling").read_text())
+    spec["hypothesis"]["min_gain"] = 1.0
+    spec["evaluation"] = {"underpowered": "fail", "resamples": 2000}
+    spec["store"] = {"uri": f"file://{tmp_path / 'store'}"}
+    path = tmp_path / "ceiling.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = rentune("run", str(path), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    job = tmp_path / "store/jobs/ceiling"
+    hypothesis = json.loads((job / "phases/baseline/result.json").read_text())["power"]["metrics"][0]
+    base = 1.0 - hypothesis["room"]
+    assert hypothesis["reachable"] is False and 0 < base < 1
+    assert f"NO (cannot hold: the baseline leaves {hypothesis['room']:.3f})" in result.stdout  # the power table
+    assert (
+        f"the hypothesis cannot hold: the untouched model's macro_f1 is {base:.3f} on eval, so a gain of "
+        f"hypothesis.min_gain 1.000 would need {base + 1:.3f}, above the most macro_f1 can be (1.000)"
+    ) in result.stderr
+    assert "stopped before training" in result.stderr.lower() and "probe: starting" not in result.stdout
+    assert not (job / "trials").exists()

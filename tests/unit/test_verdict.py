@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from entrypoint.evaluation.bootstrap import Bootstrap, compare
-from entrypoint.evaluation.judge import power
+from entrypoint.evaluation.judge import power, power_lines
 from entrypoint.evaluation.metrics import classification_report
 from entrypoint.evaluation.tally import classification_tally
 from entrypoint.evaluation.verdict import GuardrailError, check_guardrails, expand, hypothesis_verdict, overall
@@ -185,3 +185,21 @@ def test_the_report_values_and_the_comparison_agree():
     assert set(comparison) == set(report)
     for name, value in report.items():
         assert comparison[name]["after"] == pytest.approx(value, abs=1e-12), name
+
+
+def test_a_min_gain_above_what_the_baseline_leaves_below_1_cannot_hold_and_the_table_says_so():
+    rows = [{"text": str(i), "label": "a"} for i in range(100)]
+    for correct, min_gain, reachable in ((97, 0.05, False), (97, 0.03, True), (50, 0.05, True)):
+        spec = load(
+            tiny_job(
+                "ceiling",
+                "/nonexistent",
+                hypothesis={"task": "classification", "statement": "s", "metric": "accuracy", "min_gain": min_gain},
+            )
+        ).spec
+        predicted = ["a"] * correct + ["b"] * (100 - correct)
+        table = power(spec, classification_tally(["a"] * 100, predicted, ["a", "b"]), rows, n_test=100)
+        hypothesis = table["metrics"][0]
+        assert hypothesis["room"] == pytest.approx(1 - correct / 100) and hypothesis["reachable"] is reachable
+        shown = power_lines(table)[1]
+        assert ("NO (cannot hold: the baseline leaves 0.030)" in shown) is (not reachable), shown
