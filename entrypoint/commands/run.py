@@ -44,6 +44,7 @@ def run(
 ) -> None:
     """Run SPEC's phases, continuing from what the store already holds."""
     from entrypoint.follower import follow_lead
+    from entrypoint.job.heartbeat import heartbeat_seconds
     from entrypoint.notices import notice_settings
     from entrypoint.runner import run_job, store_args
     from entrypoint.training.environment import process_age, quiet_libraries
@@ -52,6 +53,7 @@ def run(
 
     with exits():
         notice_settings()  # a bad RENTUNE_INTERRUPTION_NOTICE & co. stops here (exit 2), before any attempt
+        heartbeat_seconds()  # and a bad RENTUNE_HEARTBEAT_SECONDS
         quiet_libraries()
         loaded = load_spec(spec)
         root = store.over(loaded.spec.store).open()

@@ -6,10 +6,13 @@ Greedy, batched, with the KV cache; generation stops at eos or the chat template
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
 import torch
+
+from entrypoint.job.heartbeat import Heartbeat
 
 __all__ = ["decoding", "first_token_logits", "generate_responses"]
 
@@ -42,31 +45,36 @@ def generate_responses(
 ) -> list[str]:
     """The decoded continuation of each rendered prompt (special tokens removed, outer whitespace stripped),
     in order. Prompts are left-padded so every continuation starts right after its own prompt. `stop`:
-    tokens that end an answer besides eos (a chat template's end of turn). `log` gets the throughput."""
+    tokens that end an answer besides eos (a chat template's end of turn). `log` gets the throughput, and
+    a progress line every HEARTBEAT_SECONDS."""
     model.eval().to(device)
     room = max(1, max_length - max_new_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop_ids = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(stop))]
     outputs: list[str] = []
     started, new_tokens = time.monotonic(), 0
-    for start in range(0, len(prompts), batch):
-        encoded = [_prompt_ids(tokenizer, p, add_bos, room) for p in prompts[start : start + batch]]
-        width = max(len(ids) for ids in encoded)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-        generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=sorted({i for i in stop_ids if i is not None}),
-            use_cache=True,
-        )
-        for row in generated[:, width:]:
-            new_tokens += int((row != pad).sum())
-            outputs.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    beat = Heartbeat(log, "generation", len(prompts), "answers") if log is not None else None
+    with beat or contextlib.nullcontext():
+        for start in range(0, len(prompts), batch):
+            encoded = [_prompt_ids(tokenizer, p, add_bos, room) for p in prompts[start : start + batch]]
+            width = max(len(ids) for ids in encoded)
+            input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+            generated = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                do_sample=False,
+                num_beams=1,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=sorted({i for i in stop_ids if i is not None}),
+                use_cache=True,
+            )
+            for row in generated[:, width:]:
+                new_tokens += int((row != pad).sum())
+                outputs.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+            if beat is not None:
+                beat.advance(len(encoded))
     if log is not None and prompts:
         took = time.monotonic() - started
         rate = new_tokens / took if took > 0 else 0.0

@@ -48,6 +48,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
 from entrypoint.data.tokens import features_of, full_lengths, token_counts
+from entrypoint.job.heartbeat import Heartbeat
 from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
 from entrypoint.training.steps import GRAD_RTOL, eval_gradients, max_rel_diff, measured_step, split_batch
@@ -148,25 +149,37 @@ def run(ctx: PhaseContext) -> dict:
     processor = kind.model.processor(ctx.model_dir)
     m, k = spec.training.microbatch, max(2, spec.training.grad_accum)
     variants = {}
-    for name, checkpointing, accumulated in VARIANTS:
-        parts = k if accumulated else 1
-        batch = _batch(ctx, processor, labels, m * parts)
-        variants[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")
-    if variants["plain"].grads is None:
-        raise _does_not_fit(spec, variants)
-    checks = _gradient_checks(ctx, processor, labels, variants, k)
-    tolerance = GRAD_RTOL[ctx.precision]
-    failed = {name: diff for name, diff in checks.items() if diff > tolerance}
-    if failed:
-        raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
+    # each step variant, the gradient checks, the typical steps (with the eval-loss pass and the checkpoint's
+    # cost), and the unquantized step beside a quantized one
+    total = len(VARIANTS) + 2 + (spec.adaptation.quantization is not None)
+    with Heartbeat(ctx.log, "probe", total, "measurements") as beat:
+        for name, checkpointing, accumulated in VARIANTS:
+            beat.advance(0, doing=f"a {name} step")
+            parts = k if accumulated else 1
+            batch = _batch(ctx, processor, labels, m * parts)
+            variants[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")
+            beat.advance()
+        if variants["plain"].grads is None:
+            raise _does_not_fit(spec, variants)
+        beat.advance(0, doing="the gradient checks")
+        checks = _gradient_checks(ctx, processor, labels, variants, k)
+        beat.advance()
+        tolerance = GRAD_RTOL[ctx.precision]
+        failed = {name: diff for name, diff in checks.items() if diff > tolerance}
+        if failed:
+            raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
 
-    for variant in variants.values():  # checked: their gradients would only crowd the timing run
-        variant.grads = None
-    _free(ctx)
-    timing = _timing(ctx, processor, labels)
-    quantized = None
-    if spec.adaptation.quantization is not None:
-        quantized = _against_unquantized(ctx, labels, _batch(ctx, processor, labels, m))
+        for variant in variants.values():  # checked: their gradients would only crowd the timing run
+            variant.grads = None
+        _free(ctx)
+        beat.advance(0, doing="the typical steps, the eval-loss pass and a checkpoint")
+        timing = _timing(ctx, processor, labels)
+        beat.advance()
+        quantized = None
+        if spec.adaptation.quantization is not None:
+            beat.advance(0, doing="the step without quantization")
+            quantized = _against_unquantized(ctx, labels, _batch(ctx, processor, labels, m))
+            beat.advance()
     plain = variants["plain"].record
     estimate = plain.pop("estimate_bytes")
     rows = "packed rows" if spec.training.packing else "examples"

@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from entrypoint.job.heartbeat import Heartbeat
 from entrypoint.training.model import SHARD_INDEX, sharded_weights
 
 __all__ = ["DTYPES", "MergeError", "base_dtype", "merge_loaded", "merge_streamed", "stream_refusal"]
@@ -116,26 +117,29 @@ def merge_streamed(base: Path, adapter: Path, out: Path, dtype: str, log: Callab
     target, merged = DTYPES[dtype], 0
     out.mkdir(parents=True, exist_ok=True)
     files, sizes = _base_files(base), {}
-    for number, name in enumerate(files, 1):
-        tensors = {}
-        with safe_open(base / name, "pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensor = f.get_tensor(key)
-                pair = pairs.get(key.removesuffix(".weight")) if key.endswith(".weight") else None
-                if pair is not None:
-                    a, b = pair
-                    delta = b.float() @ a.float()
-                    if delta.shape != tensor.shape:
-                        raise MergeError(
-                            f"{key}: the adapter's delta is {tuple(delta.shape)}, the weight {tuple(tensor.shape)}"
-                        )
-                    tensor = tensor.float() + scale * delta
-                    merged += 1
-                tensors[key] = tensor.to(target) if tensor.is_floating_point() else tensor
-        save_file(tensors, out / name, metadata={"format": "pt"})
-        sizes[name] = sum(t.numel() * t.element_size() for t in tensors.values())
-        log(f"merge: {name} ({number}/{len(files)}) written")
-        del tensors
+    with Heartbeat(log, "merge", len(files), "files") as beat:
+        for number, name in enumerate(files, 1):
+            beat.advance(0, doing=name)
+            tensors = {}
+            with safe_open(base / name, "pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    tensor = f.get_tensor(key)
+                    pair = pairs.get(key.removesuffix(".weight")) if key.endswith(".weight") else None
+                    if pair is not None:
+                        a, b = pair
+                        delta = b.float() @ a.float()
+                        if delta.shape != tensor.shape:
+                            raise MergeError(
+                                f"{key}: the adapter's delta is {tuple(delta.shape)}, the weight {tuple(tensor.shape)}"
+                            )
+                        tensor = tensor.float() + scale * delta
+                        merged += 1
+                    tensors[key] = tensor.to(target) if tensor.is_floating_point() else tensor
+            save_file(tensors, out / name, metadata={"format": "pt"})
+            sizes[name] = sum(t.numel() * t.element_size() for t in tensors.values())
+            log(f"merge: {name} ({number}/{len(files)}) written")
+            del tensors
+            beat.advance()
     if merged != len(pairs):
         raise RuntimeError(f"merge: {merged} weights merged, the adapter wraps {len(pairs)} modules")
     if len(files) > 1 or (base / SHARD_INDEX).is_file():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_extraction_job_runs_every_phase_with_fixed_decoding(tmp_path):
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RENTUNE_HEARTBEAT_SECONDS": "0.05"}  # progress lines, often
     run = subprocess.run(
         [RENTUNE, "run", str(path), "--store", f"file://{tmp_path / 'store'}", "--workdir", str(tmp_path / "w")],
         cwd=tmp_path,
@@ -75,6 +76,10 @@ def test_extraction_job_runs_every_phase_with_fixed_decoding(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     job = tmp_path / "store/jobs/extract"
+    # the probe, a phase with no line of its own for minutes on a large model, says how far it is
+    beats = re.findall(r"^probe: (\d+)/(\d+) measurements in \d+ s \(.*\)(?:; now: .+)?$", run.stdout, re.M)
+    assert beats and all(int(done) <= int(total) for done, total in beats), run.stdout
+    assert re.search(r"^generation: \d+/12 answers in \d+ s", run.stdout, re.M), run.stdout  # the baseline's
 
     baseline_config = json.loads((job / "phases/baseline/eval_config.json").read_text())
     assert baseline_config["decoding"] == {
