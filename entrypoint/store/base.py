@@ -59,8 +59,9 @@ class InvalidKey(StoreError, InvalidInput):
 
 
 class StoreUnusable(StoreError, InvalidInput):
-    """The store as configured cannot hold a job: a bad URI or setting, a path rentune cannot write, or a
-    server that does not honour conditional writes (exit 2)."""
+    """The store as configured cannot hold a job: a bad URI or setting, a path rentune cannot write, a
+    server that does not honour conditional writes, a missing bucket, refused credentials or denied access
+    (exit 2; the message says what to check first)."""
 
 
 @dataclass(frozen=True)

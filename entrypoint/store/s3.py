@@ -6,7 +6,8 @@ function here accepts a key. botocore errors are translated where each call is m
     404 / NoSuchKey                                   -> ObjectNotFound
     412 PreconditionFailed                            -> ObjectExists
     429, 5xx, throttling codes, connection errors     -> TransientStoreError (after botocore's own retries)
-    anything else (403, NoSuchBucket, bad config ...) -> StoreError
+    NoSuchBucket, refused credentials, 403, no creds  -> StoreUnusable (exit 2), saying what to check first
+    anything else (bad config ...)                    -> StoreError
 
 Every message names the full `s3://bucket/key` involved.
 """
@@ -29,6 +30,7 @@ from botocore.exceptions import (
     ClientError,
     HTTPClientError,
     IncompleteReadError,
+    NoCredentialsError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -96,6 +98,20 @@ def _error_code(err: ClientError) -> tuple[str, int]:
     return code, status
 
 
+# The codes S3 and its peers answer when they refuse the request's credentials, with what each means.
+_REFUSED_CREDENTIALS = {
+    "InvalidAccessKeyId": "the server knows no such access key",
+    "SignatureDoesNotMatch": "the secret key does not match the access key",
+    "ExpiredToken": "the session token has expired",
+    "InvalidToken": "the session token is malformed",
+    "TokenRefreshRequired": "the session token must be refreshed",
+}
+_CHECK_CREDENTIALS = (
+    "Check first AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, and AWS_SESSION_TOKEN for "
+    "temporary keys) in this environment, then that the endpoint is the server those keys belong to"
+)
+
+
 def _translate(err: Exception, op: str, where: str) -> StoreError:
     """The store's own error for a boto3/botocore failure of `op` on `where` (s3://bucket/key)."""
     if isinstance(err, ClientError):
@@ -107,9 +123,33 @@ def _translate(err: Exception, op: str, where: str) -> StoreError:
             return ObjectExists(message)
         if code in _TRANSIENT_CODES or status == 429 or status >= 500:
             return TransientStoreError(message)
+        bucket = where.removeprefix("s3://").split("/", 1)[0]
+        if code == "NoSuchBucket":
+            return StoreUnusable(
+                f"{where}: {op} failed: the bucket {bucket!r} does not exist on this server (NoSuchBucket). Check "
+                "first the bucket in store.uri (or --store), then the endpoint (store.endpoint_url, --endpoint-url "
+                f"or AWS_ENDPOINT_URL); to create it: aws s3 mb s3://{bucket}"
+            )
+        if code in _REFUSED_CREDENTIALS:
+            return StoreUnusable(
+                f"{where}: {op} failed: your credentials were refused: {_REFUSED_CREDENTIALS[code]} ({code}). "
+                f"{_CHECK_CREDENTIALS}"
+            )
+        if status == 403 and code in ("", "403", "Forbidden"):  # a HEAD's answer has no body, hence no reason
+            return StoreUnusable(
+                f"{where}: {op} failed: 403 Forbidden with no reason given (a HEAD request's answer carries none): "
+                f"your credentials were refused, or they may not {op} here. {_CHECK_CREDENTIALS}; then that their "
+                f"policy allows s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on {bucket!r}"
+            )
         if status == 403:
-            message += " (S3 also answers 403 for a missing key when the credentials lack s3:ListBucket)"
+            return StoreUnusable(
+                f"{where}: {op} failed: access denied ({code or status}): the credentials were accepted, but may "
+                f"not {op} here. Check first that their policy allows s3:GetObject, s3:PutObject, s3:DeleteObject "
+                f"and s3:ListBucket on {bucket!r} (S3 also answers 403 for a missing key without s3:ListBucket)"
+            )
         return StoreError(message)
+    if isinstance(err, NoCredentialsError):
+        return StoreUnusable(f"{where}: {op} failed: no credentials found. {_CHECK_CREDENTIALS}, or an instance role")
     if isinstance(err, _TRANSIENT_EXCEPTIONS):
         return TransientStoreError(f"{where}: {op} failed: {err}")
     return StoreError(f"{where}: {op} failed: {type(err).__name__}: {err}")
