@@ -12,6 +12,7 @@ import os
 import click
 
 from entrypoint.commands import (
+    cancel,
     check_export,
     convert_gguf,
     env,
@@ -44,6 +45,7 @@ for command in (
     plan.plan,
     run.run,
     submit.submit,
+    cancel.cancel,
     worker.worker,
     status.status,
     logs.logs,

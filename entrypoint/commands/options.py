@@ -49,6 +49,12 @@ class StoreFlags:
             addressing_style=self.addressing_style or section.addressing_style,
         )
 
+    def args(self) -> list[str]:
+        """These flags as a command line takes them: what a printed follow-up command repeats."""
+        given = (("--store", self.uri), ("--endpoint-url", self.endpoint_url), ("--region", self.region))
+        given += (("--addressing-style", self.addressing_style),)
+        return [part for flag, value in given if value for part in (flag, value)]
+
     def open(self) -> Store:
         assert self.uri is not None, "a store URI: --store, $RENTUNE_STORE or the spec's store.uri"
         return open_store(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -23,4 +24,8 @@ def submit(spec: Path, store: StoreFlags) -> None:
         root = store.open()
         key = queue_spec(root, loaded)
         job_id = loaded.spec.job.id
-        click.echo(f"queued {job_id} at {root.uri}/{key}; follow it with: rentune status {job_id}")
+        flags = store.args()
+        click.echo(f"queued {job_id} at {root.uri}/{key}")
+        click.echo(f"follow it with: {shlex.join(['rentune', 'status', job_id, *flags])}")
+        unqueue = shlex.join(["rentune", "cancel", job_id, *flags])
+        click.echo(f"take it off the queue before a worker starts it: {unqueue}")

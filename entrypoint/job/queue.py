@@ -1,6 +1,8 @@
 """Remote submission through the bucket: the node needs no open port.
 
     laptop:  rentune submit SPEC --store s3://b/p      validate locally, put queue/<job_id>.yaml (if absent)
+             rentune cancel JOB_ID --store s3://b/p    before a worker runs it: a claim of its own, then the
+                                                       entry moved to queue/cancelled/, then the claim released
     node:    rentune worker --store s3://b/p           loop:
                for each queue/<job_id>.yaml, oldest name first:
                    invalid spec          -> queue/rejected/<job_id>.yaml + .errors.txt, go on
@@ -27,14 +29,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from entrypoint.errors import Conflict, Interrupted
+from entrypoint.errors import Conflict, Interrupted, InvalidInput
 from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
-__all__ = ["Claim", "JobExists", "Worker", "submit"]
+__all__ = ["CANCELLED", "Claim", "JobExists", "NotQueued", "Worker", "cancel", "submit"]
 
 QUEUE = "queue"
+CANCELLED = join_key(QUEUE, "cancelled")
 DEFAULT_LEASE_SECONDS = 300.0
 
 
@@ -53,6 +56,51 @@ def submit(root: Store, loaded: LoadedSpec) -> str:
     except ObjectExists:
         raise JobExists(f"job {job_id!r} is already queued in {root.uri}") from None
     return key
+
+
+class NotQueued(InvalidInput):
+    """`rentune cancel` of a job that is not in the queue (exit 2)."""
+
+
+def cancel(root: Store, job_id: str) -> str:
+    """Take a queued job off the queue before a worker runs it; returns where its spec went
+    (queue/cancelled/<job_id>.yaml). A claim of its own first, so that no worker can claim the job between the
+    check and the move; a worker that claims it after the release finds no queue entry and lets it be.
+    Raises NotQueued when there is no such entry, Conflict when a worker holds the job."""
+    key = join_key(QUEUE, f"{job_id}.yaml")
+    try:
+        text = root.get_bytes(key)
+    except ObjectNotFound:
+        ran = root.head(join_key("jobs", job_id, "spec.yaml")) is not None
+        raise NotQueued(
+            f"job {job_id!r} is not queued in {root.uri}: "
+            + ("it has run or runs there (see `rentune status`)" if ran else "no such job was submitted there")
+        ) from None
+    numbers = _claims(root, job_id)
+    if numbers and root.head(Claim(job_id, numbers[-1], "").key("released")) is None:
+        holder = _claim_holder(root, Claim(job_id, numbers[-1], ""))
+        raise Conflict(
+            f"job {job_id!r} is held by worker {holder} (claim {numbers[-1]}): it runs. Stop that worker (`docker "
+            "stop` of its container: the job commits, stays queued and can be cancelled then)"
+        )
+    claim = Claim(job_id, (numbers[-1] + 1) if numbers else 1, "rentune cancel")
+    record = {"worker": f"rentune cancel on {socket.gethostname()}", "at": time.time(), "cancelled": True}
+    try:
+        root.put_if_absent(claim.key(), dumps(record))
+    except ObjectExists:
+        raise Conflict(f"job {job_id!r} was claimed by a worker just now; it runs") from None
+    moved = join_key(CANCELLED, f"{job_id}.yaml")
+    root.put_bytes(moved, text)
+    root.delete(key)
+    root.put_bytes(claim.key("released"), dumps(record))
+    return moved
+
+
+def _claim_holder(root: Store, claim: Claim) -> str:
+    try:
+        return str(read_json(root, claim.key())["worker"])
+    except (ObjectNotFound, KeyError, TypeError):
+        return "(unnamed)"
 
 
 @dataclass
@@ -164,6 +212,9 @@ class Worker:
             return True
         claim = self.try_claim(job_id)
         if claim is None:
+            return False
+        if self.root.head(key) is None:  # cancelled between the read and the claim: let it be
+            self.root.put_bytes(claim.key("released"), dumps({"worker": self.name, "at": self.clock()}))
             return False
         self.log(f"worker: {self.name} runs {job_id} (claim {claim.number})")
         stop = threading.Event()

@@ -70,8 +70,10 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
     except ObjectNotFound:
         if root.head(f"queue/{job_id}.yaml") is not None:
             return f"job {job_id}: queued in {root.uri}/queue/, waiting for a worker"
-        for folder in ("rejected", "failed"):
+        for folder in ("rejected", "failed", "cancelled"):
             if root.head(f"queue/{folder}/{job_id}.yaml") is not None:
+                if folder == "cancelled":
+                    return f"job {job_id}: cancelled before a worker started it; its spec: {root.uri}/queue/cancelled/"
                 return f"job {job_id}: {folder}, see {root.uri}/queue/{folder}/{job_id}.*.txt"
         raise JobNotFound(f"{store.uri}: no job {job_id!r} in this store") from None
     plan = _json(store, "plan.json")
