@@ -7,23 +7,47 @@ from pathlib import Path
 import click
 
 from entrypoint.commands.exits import exits
+from entrypoint.commands.options import StoreFlags
+from entrypoint.store import check_conditional_writes
 from jobspec.load import SpecError, load_spec
+from jobspec.local_inputs import local_path, model_folder_problems
 from jobspec.model_limits import max_length_problem
 
 
 @click.command("validate")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-def validate(spec: Path) -> None:
-    """Check SPEC and print OK or every problem found (exit 2). With a local model folder, also
-    model.max_length against the model's position embeddings."""
+@click.option(
+    "--check-store",
+    is_flag=True,
+    help="Also check that the spec's store is reachable and honours conditional writes (writes a few small "
+    "objects under scratch/).",
+)
+@click.option(
+    "--skip-files",
+    is_flag=True,
+    help="The spec runs on another machine (its model and data paths are the node's): skip the checks of local "
+    "model and data files.",
+)
+def validate(spec: Path, check_store: bool, skip_files: bool) -> None:
+    """Check SPEC and print OK or every problem found (exit 2): the spec itself; a local model folder (its
+    weights, config, and model.max_length against its position embeddings); the first rows of local data
+    files (unless --skip-files); with --check-store, the store. Imports no model library: a second or two."""
+    from entrypoint.data.reading import first_rows_problems
+
     with exits():
         loaded = load_spec(spec)
         model = loaded.spec.model
-        local = model.path is not None and "://" not in model.path.removeprefix("file://")
-        folder = Path(model.path.removeprefix("file://")).expanduser() if local else None
+        problems = [] if skip_files else model_folder_problems(loaded.spec) + first_rows_problems(loaded.spec)
+        folder = None if skip_files else local_path(model.path)
         found = max_length_problem(model.max_length, folder) if folder is not None and folder.is_dir() else None
         if found is not None and found[1]:
-            raise SpecError([f"{spec}: {found[0]}"])
+            problems.append(found[0])
+        if problems:
+            raise SpecError([f"{spec}: {problem}" for problem in problems])
         if found is not None:
             click.echo(f"{spec}: warning: {found[0]}", err=True)
+        if check_store:
+            root = StoreFlags(None).over(loaded.spec.store).open()
+            check_conditional_writes(root, "scratch")
+            click.echo(f"store {root.uri}: reachable, writable, conditional writes honoured")
         click.echo(f"OK {spec} (job {loaded.spec.job.id}, sha256 {loaded.sha256[:12]})")

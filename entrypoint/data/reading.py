@@ -14,15 +14,18 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from entrypoint.errors import InvalidInput
 from entrypoint.store.hashing import file_sha256
-from jobspec.schema import Store
+from jobspec.local_inputs import local_path
+from jobspec.schema import JobSpec, Store
 
 __all__ = [
     "MAX_ERRORS",
     "DataError",
+    "FIRST_ROWS",
     "WHERE",
     "RawFile",
     "json_objects",
@@ -31,6 +34,7 @@ __all__ = [
     "refuse",
     "row_byte_limit",
     "cluster_of",
+    "first_rows_problems",
     "text_rows",
 ]
 
@@ -383,3 +387,33 @@ def refuse(errors: list[str], most: int = MAX_ERRORS) -> None:
     if errors:
         shown = errors[:most] + ([f"... and {len(errors) - most} more"] if len(errors) > most else [])
         raise DataError("\n".join(shown))
+
+
+FIRST_ROWS = 20  # rows validate reads from the start of each data file: enough to catch a wrong format
+
+
+def first_rows_problems(spec: JobSpec) -> list[str]:
+    """What `rentune validate` checks of the data before any model library is imported: data.source or each
+    of data.files, when local text data: it exists, and its first FIRST_ROWS rows are JSON objects (JSONL) or
+    readable (Parquet, a saved dataset). Images: the path exists."""
+    data = spec.data
+    fields = {"data.source": data.source} if data.source is not None else {}
+    if data.files is not None:
+        fields = {f"data.files.{split}": getattr(data.files, split) for split in ("train", "eval", "test")}
+    problems = []
+    for field, location in fields.items():
+        path = local_path(location)
+        if path is None:
+            continue
+        if data.modality == "image":
+            if not path.exists():
+                problems.append(f"{field}: {path}: no such file or folder (resolved from {Path.cwd()})")
+            continue
+        errors: list[str] = []
+        try:
+            with open_source(str(path), spec.store, field) as raw:
+                list(islice(records(raw, errors), FIRST_ROWS))
+        except DataError as exc:
+            problems.append(str(exc))
+        problems += [f"{field}: {error}" for error in errors[:5]]
+    return problems

@@ -264,7 +264,19 @@ def test_verify_export_is_hidden_from_the_help():
 # -- layers
 
 
-ALLOWED = {"commands", "runner", "follower", "notices", "job", "store", "report", "training", "jobspec", "errors"}
+ALLOWED = {
+    "commands",
+    "runner",
+    "follower",
+    "notices",
+    "job",
+    "store",
+    "report",
+    "training",
+    "jobspec",
+    "errors",
+    "data",
+}
 
 
 def _entrypoint_imports(path: Path) -> set[str]:

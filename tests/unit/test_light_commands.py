@@ -74,6 +74,15 @@ def test_light_commands_load_no_torch_or_transformers(command, store, tmp_path):
     assert loaded["heavy"] == [], f"rentune {command[0]} imported {loaded['heavy']}"
 
 
+def test_validate_refuses_a_missing_data_file_without_loading_torch(tmp_path):
+    spec = (ROOT / "jobspec/examples/quickstart.yaml").read_text()
+    spec = spec.replace("source: examples/data/support-tickets.jsonl", f"source: {tmp_path / 'missing.jsonl'}")
+    assert str(tmp_path) in spec
+    (tmp_path / "spec.yaml").write_text(spec)
+    loaded = _modules_loaded("validate", str(tmp_path / "spec.yaml"), cwd=ROOT)
+    assert loaded == {"heavy": [], "code": 2}
+
+
 def test_the_probe_sees_heavy_imports(store, tmp_path):
     """The check itself can fail: `env` reports torch's version, so it must load torch."""
     assert "torch" in _modules_loaded("env", cwd=tmp_path)["heavy"]

@@ -231,3 +231,53 @@ def test_yaml_aliases_are_refused_quickly(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2 and "aliases (*name) are not allowed" in result.output
+
+
+# -- local files, checked before any model library loads
+
+
+def _validate_file(tmp_path: Path, spec: dict) -> tuple[int, str]:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    return result.exit_code, result.output
+
+
+def test_validate_names_a_missing_data_file_a_gguf_model_and_a_folder_without_weights(tmp_path):
+    gguf = tmp_path / "smollm2.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "tokenizer.json").write_text("{}")
+    cases = [
+        (_with("data.source", str(tmp_path / "nowhere.jsonl")), "data.source: file not found"),
+        ({**_with("model", {"path": str(gguf)}), "model": {"path": str(gguf)}},
+         f"model.path: {gguf} is a GGUF file; rentune trains from a transformers folder: convert it with "
+         f"`rentune convert-gguf {gguf} FOLDER`"),
+        (_with("model", {"path": str(empty)}), f"model.path: {empty} holds no weights"),
+        (_with("model", {"path": str(empty)}), f"model.path: {empty} has no config.json"),
+        (_with("model", {"path": str(tmp_path / "gone")}), f"model.path: {tmp_path / 'gone'}: no such folder"),
+    ]  # fmt: skip
+    for spec, expected in cases:
+        code, out = _validate_file(tmp_path, spec)
+        assert code == 2 and expected in out, out
+        assert "spec.yaml: " in out  # the file named
+    # a spec for another machine: its paths are the node's
+    skipped = CliRunner().invoke(main, ["validate", str(tmp_path / "spec.yaml"), "--skip-files"])
+    assert skipped.exit_code == 0 and skipped.output.startswith("OK "), skipped.output
+
+
+def test_validate_reads_the_first_rows_of_local_data_and_names_the_line(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "a", "label": "billing"}\n[1, 2]\n')
+    code, out = _validate_file(tmp_path, _with("data.source", str(rows)))
+    assert code == 2 and "data.source: " in out and "rows.jsonl:2" in out, out
+
+
+def test_validate_with_check_store_writes_and_reads_the_store(tmp_path):
+    spec = _with("store", {"uri": f"file://{tmp_path / 'store'}"})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["validate", str(path), "--check-store"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"store file://{tmp_path / 'store'}: reachable, writable, conditional writes honoured" in result.output
