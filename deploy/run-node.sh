@@ -21,7 +21,8 @@
 #
 # The container uses the host's network (NETWORK=host, the default): torchrun's rendezvous and NCCL/RCCL
 # between nodes need the host's interfaces, and checkpoint uploads skip docker's NAT. NETWORK=bridge (or
-# any docker network) overrides it. CONTAINER_NAME (default rentune-worker) names the container.
+# any docker network) overrides it. RENTUNE_CONTAINER_NAME (default rentune-worker) names the container
+# (not CONTAINER_NAME, which shells often set for something else).
 #
 # `docker stop rentune-worker` (or SIGTERM to this script) stops it: training commits a checkpoint and
 # exits 143; run this script again, here or on another node, and the job resumes from the store.
@@ -90,7 +91,7 @@ fi
 
 # No --init: the image's entrypoint already runs tini as PID 1, which forwards SIGTERM and reaps zombies.
 cmd=(
-  docker run --rm --name "${CONTAINER_NAME:-rentune-worker}"
+  docker run --rm --name "${RENTUNE_CONTAINER_NAME:-rentune-worker}"
   --network "${NETWORK:-host}"
   "${device_args[@]}"
   # Above training.checkpoint.grace_seconds (default 90): docker stop waits this long before SIGKILL.

@@ -187,7 +187,8 @@ class Node:
             "MODELS_DIR": str(models),
             "AWS_ENDPOINT_URL": endpoint,
             "RENTUNE_S3_ADDRESSING_STYLE": "path",
-            "CONTAINER_NAME": "rentune-worker-test",
+            "RENTUNE_CONTAINER_NAME": "rentune-worker-test",
+            "CONTAINER_NAME": "not-this-one",  # a common variable in shells: ignored
         }
         command = ["bash", str(ROOT / "deploy/run-node.sh"), "cpu", IMAGE, store_uri, *worker_args]
         self.proc = subprocess.Popen(
