@@ -154,7 +154,7 @@ def run(ctx: PhaseContext) -> dict:
     total = len(VARIANTS) + 2 + (spec.adaptation.quantization is not None)
     with Heartbeat(ctx.log, "probe", total, "measurements") as beat:
         for name, checkpointing, accumulated in VARIANTS:
-            beat.advance(0, doing=f"a {name} step")
+            beat.advance(0, doing=f"the {name} step")
             parts = k if accumulated else 1
             batch = _batch(ctx, processor, labels, m * parts)
             variants[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")

@@ -326,7 +326,9 @@ def serving_guide(
     parts += [
         f"Base model: `{base_source}`" + (f"; LoRA rank {adapter_rank}" if adapter_rank else "") + ".",
         "Commands run from this folder (export/). Check the export first: "
-        "`rentune check-export . --base BASE_FOLDER` (BASE_FOLDER: your copy of the base model).",
+        "`rentune check-export . --base BASE_FOLDER` (BASE_FOLDER: your copy of the base model"
+        + (f", e.g. `aws s3 sync {base_source} BASE_FOLDER`" if base_source.startswith("s3://") else "")
+        + ").",
         "",
     ]
     if merged and merged.get("parity") != "failed":
@@ -350,9 +352,9 @@ def _base_argument(base_source: str) -> str:
     """What to pass for the base model: a hub id, a folder; a package's model folder has no name to print."""
     if base_source.startswith("hub:"):
         return base_source.removeprefix("hub:")
-    if base_source.startswith("package:"):
-        return "BASE_FOLDER"
-    return base_source
+    if base_source.startswith("package:") or "://" in base_source.removeprefix("file://"):
+        return "BASE_FOLDER"  # a package's folder has no name to print; a bucket's must be fetched first
+    return base_source.removeprefix("file://")
 
 
 def _parity(merged: dict) -> str:
@@ -396,8 +398,9 @@ def _peft_section(kind: str, base: str, chat: bool) -> list[str]:
     if kind == "causal_lm":
         lines += [f'base = {cls}.from_pretrained("{base}")']
     else:
+        lines = ["import json", "from pathlib import Path", "", *lines]
         lines += [
-            "LABELS = [...]  # the job's labels, in training order (report.md)",
+            'LABELS = json.loads(Path("labels.json").read_text())["labels"]  # the job\'s labels, in training order',
             f'base = {cls}.from_pretrained("{base}", num_labels=len(LABELS), id2label=dict(enumerate(LABELS)))',
         ]
     lines += ['model = PeftModel.from_pretrained(base, "adapter").eval()', *_use(kind, base, "adapter", chat)]

@@ -55,6 +55,7 @@ __all__ = [
 
 PARITY_KEY = "phases/export/parity.json"  # the parity process's record; export/parity.json is its copy
 SERVING_FILES = ("Modelfile", "parity.json", "SERVING.md")  # under export/, written by finish_export
+LABELS_FILE = "labels.json"  # under export/, a classifier's labels in training order (finish_export)
 
 
 class MergeFailed(RuntimeError):
@@ -120,6 +121,8 @@ def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serv
         # chat jobs: the template the exported tokenizer carries (adapter/chat_template.jinja), as trained
         "chat_template_sha256": recipe.get("chat_template_sha256"),
         "chat_template_kwargs": recipe.get("chat_template_kwargs"),  # passed to every rendering; in KWARGS_FILE
+        # a classifier's labels, in training order: output i is labels[i] (also in export/labels.json)
+        "labels": list(ctx.labels) if ctx.kind.name != "causal_lm" else None,
         "trial_id": trial_id,
         "job_id": spec.job.id,
         "spec_sha256": ctx.spec_sha256,
@@ -277,6 +280,8 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
         chat=bool(ctx.data_result["recipe"].get("chat_template_sha256")),
     )
     written["SERVING.md"] = guide.encode()
+    if ctx.kind.name != "causal_lm":  # a classifier's outputs are indices into the labels, in this order
+        written[LABELS_FILE] = _labels_file(ctx.labels)
     report = ctx.store.get_bytes("report/report.md").decode()
     written["report.md"] = (report.rstrip("\n") + "\n\n" + _report_section(summary, readiness, modelfile)).encode()
     for name, data in written.items():
@@ -285,6 +290,16 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
     files = {**files, **(merged or {}).get("files", {}), **{name: _digest(data) for name, data in written.items()}}
     serving = {"merged": summary, "vllm": readiness, "ollama": modelfile}
     return write_binding(ctx, trial_id, files, serving)
+
+
+def _labels_file(labels: list[str]) -> bytes:
+    """labels.json: the labels in training order, and the id2label / label2id a config would carry."""
+    record = {
+        "labels": list(labels),
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+    return (json.dumps(record, indent=2) + "\n").encode()
 
 
 def _added_tokens(ctx: PhaseContext, processor) -> int:

