@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import InvalidInput
+from entrypoint.job.attempts import previous_attempts
 from entrypoint.job.lease import lease_account
 from entrypoint.job.state import dumps, trial_result_key
 from entrypoint.report.markdown import render_markdown
@@ -42,6 +43,8 @@ def run(ctx: PhaseContext) -> dict:
             "base": ctx.recorded_quantization(),
             "memory": ctx.result("probe").get("quantization"),
         }
+    this = {"attempt": ctx.attempt, "outcome": "running", "phase": "report", "error": None}
+    results["attempts"] = [*previous_attempts(ctx.store, ctx.attempt), this]
     trials = results["trials"]
     Results.model_validate(results)  # the schema we publish is the one we write
 
@@ -49,6 +52,7 @@ def run(ctx: PhaseContext) -> dict:
         t["id"]: {
             "train": [(p["step"], p["loss"]) for p in t["losses"]],
             "eval": [(p["step"], p["loss"]) for p in t["eval_losses"]],
+            "resumed": [i["resumed_from_step"] for i in t["interruptions"]],
         }
         for t in trials
     }

@@ -130,6 +130,9 @@ def render_markdown(results: dict) -> str:
     lines += ["", "## Checkpoints", "", *_checkpoint_lines(results["trials"])]
     if results.get("lease"):
         lines += ["", "## Lease: planned against actual", "", *_lease_lines(results["lease"])]
+    attempts = _attempt_lines(results)
+    if attempts:
+        lines += ["", "## Attempts: interruptions and resumes", "", *attempts]
     lines += [
         "",
         "## Plots",
@@ -144,6 +147,26 @@ def render_markdown(results: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _attempt_lines(results: dict) -> list[str]:
+    """Every process that ran the job, how each ended, and where each trial's training resumed; nothing
+    when one process ran it all."""
+    attempts = results.get("attempts") or []
+    resumes = [(t["id"], i) for t in results["trials"] for i in t.get("interruptions", [])]
+    if len(attempts) <= 1 and not resumes:
+        return []
+    lines = ["| attempt | ended | in phase | why |", "|---|---|---|---|"]
+    for a in attempts:
+        why = (a.get("error") or "-").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {a['attempt']} | {a.get('outcome', '-')} | {a.get('phase') or '-'} | {why} |")
+    lines.append("")
+    for trial_id, i in resumes:
+        lines.append(
+            f"- Trial {trial_id}: a process had reached step {i['reached_step']}; the next resumed from committed "
+            f"step {i['resumed_from_step']}: {i['lost_steps']} steps lost (dotted on the loss plot)."
+        )
+    return lines
 
 
 def _lease_lines(lease: dict) -> list[str]:

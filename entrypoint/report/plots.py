@@ -49,10 +49,10 @@ def loss_curves_png(
 ) -> bytes:
     """Train (solid) and eval (dashed, markers) loss against optimizer step, one colour per trial.
 
-    `trials` is `{trial_id: {"train": [(step, loss), ...], "eval": [(step, loss), ...]}}`; either list may
-    be missing or empty. Non-finite losses are skipped and the line's legend entry says so; a trial with no
-    points at all still gets a legend entry "<trial> (no losses recorded)". Raises ValueError if `trials`
-    is empty.
+    `trials` is `{trial_id: {"train": [(step, loss), ...], "eval": [(step, loss), ...], "resumed": [step]}}`;
+    any list may be missing or empty; each resumed step (where a fresh process went on) is a dotted line.
+    Non-finite losses are skipped and the line's legend entry says so; a trial with no points at all still
+    gets a legend entry "<trial> (no losses recorded)". Raises ValueError if `trials` is empty.
     """
     if not trials:
         raise ValueError("loss_curves_png: no trials to plot")
@@ -75,6 +75,9 @@ def loss_curves_png(
         if not drawn:
             ax.plot([], [], color=colour, linestyle=":", label=f"{trial} (no losses recorded)")
             entries += 1
+        for n, step in enumerate(curves.get("resumed", ())):  # a fresh process went on from this step
+            ax.axvline(step, color=colour, linestyle=":", alpha=0.7, label=f"{trial} resumed" if n == 0 else None)
+            entries += n == 0
     ax.set_title(title)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")

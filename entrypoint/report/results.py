@@ -98,6 +98,8 @@ class TrialResult(_Strict):
     eval_losses: list[dict[str, float]]
     checkpoints: CheckpointSummary | None
     throughput: ThroughputSummary | None
+    # each earlier process of this trial that stopped before its end: reached_step, resumed_from_step, lost_steps
+    interruptions: list[dict[str, Any]] = []
 
 
 def throughput_summary(record: dict) -> dict | None:
@@ -179,6 +181,8 @@ class Results(_Strict):
     lease: dict[str, Any] | None = None
     # QLoRA: the quantized base as base_model.json recorded it, and the probe's memory against unquantized
     quantization: dict[str, Any] | None = None
+    # every process that ran this job: attempt, outcome (completed, interrupted, error, killed), phase, error
+    attempts: list[dict[str, Any]] | None = None
     limitations: list[str]
 
 
@@ -223,6 +227,7 @@ def build_results(
                 "eval_losses": record.get("eval_losses", []),
                 "checkpoints": checkpoint_summary(record),
                 "throughput": throughput_summary(record),
+                "interruptions": record.get("interruptions") or [],
             }
         )
     chosen = evaluated["trials"][selected]

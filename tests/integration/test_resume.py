@@ -207,6 +207,12 @@ def test_sigterm_commits_or_leaves_nothing_and_exits_143(tmp_path, tiny_model, s
     result = json.loads(job.get_bytes("trials/main/result.json"))
     assert result["losses"] == ref_losses and result["train_loss"] == ref_train_loss
     assert result["platform_change"]["checkpoint"]["torch"] == "0.0-other-node" and "platform change" in out
+    # the report tells the interruption: each attempt, and where the trial's training resumed
+    report = job.get_bytes("report/report.md").decode()
+    assert "## Attempts: interruptions and resumes" in report
+    assert "| 1 | interrupted | train | Interrupted: train: stopped on SIGTERM at step" in report
+    resumed = result["interruptions"][-1]["resumed_from_step"]
+    assert resumed == newest.step and f"the next resumed from committed step {resumed}:" in report
     weights = _final_weights(job, tmp_path)
     assert all((weights[name] == ref_weights[name]).all() for name in ref_weights)
 
