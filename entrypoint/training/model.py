@@ -353,4 +353,6 @@ def convert_gguf(gguf: Path, out: Path) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     (out / "GGUF_SOURCE.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    for path in out.rglob("*"):  # safetensors writes 0600: the images run as uid 1000 through a mount
+        path.chmod(0o755 if path.is_dir() else 0o644)
     return source

@@ -27,6 +27,10 @@ def smollm2(tmp_path_factory) -> Path:
     done = rentune("convert-gguf", str(gguf), str(out), cwd=out.parent, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((out / "GGUF_SOURCE.json").read_text())["parameters"] == 134_515_008
+    # readable by another uid (the images' 1000, through a mount): safetensors alone writes 0600
+    assert all(path.stat().st_mode & 0o044 == 0o044 for path in out.iterdir()), {
+        p.name: oct(p.stat().st_mode) for p in out.iterdir()
+    }
     return out
 
 
