@@ -395,7 +395,7 @@ FIRST_ROWS = 20  # rows validate reads from the start of each data file: enough 
 def first_rows_problems(spec: JobSpec) -> list[str]:
     """What `rentune validate` checks of the data before any model library is imported: data.source or each
     of data.files, when local text data: it exists, and its first FIRST_ROWS rows are JSON objects (JSONL) or
-    readable (Parquet, a saved dataset). Images: the path exists."""
+    readable (Parquet, a saved dataset; image rows in JSONL alike). A folder of images: that it exists."""
     data = spec.data
     fields = {"data.source": data.source} if data.source is not None else {}
     if data.files is not None:
@@ -405,10 +405,8 @@ def first_rows_problems(spec: JobSpec) -> list[str]:
         path = local_path(location)
         if path is None:
             continue
-        if data.modality == "image":
-            if not path.exists():
-                problems.append(f"{field}: {path}: no such file or folder (resolved from {Path.cwd()})")
-            continue
+        if path.is_dir() and not any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
+            continue  # a folder the kind reads itself (an ImageFolder); a saved dataset's is read below
         errors: list[str] = []
         try:
             with open_source(str(path), spec.store, field) as raw:

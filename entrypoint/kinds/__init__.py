@@ -51,7 +51,7 @@ def kind_for(
         from entrypoint.kinds.images import ImageData
 
         model = ImageClassifier(spec)
-        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT)
+        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, labels=True)
         return Kind("image_classifier", ImageData(spec, model), model, task, stores_tokens=False, serving=serving)
     from entrypoint.kinds.text import TextData
 
@@ -66,7 +66,7 @@ def kind_for(
     from entrypoint.kinds.text_classifier import TextClassifier
 
     model = TextClassifier(spec)
-    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT)
+    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, labels=True)
     data = TextData(spec, model.fields(), model)
     return Kind("text_classifier", data, model, task, stores_tokens=True, serving=serving, encodes_in_tokenizer=True)
 

@@ -116,6 +116,9 @@ class Serving:
     # The share of eval predictions the merged model must answer as the adapter does (classifiers), or None
     # (generated answers: their metric alone decides).
     agreement: float | None
+    # The model's outputs are indices into the job's labels (classifiers): the export carries them in order
+    # (export/labels.json, BINDING.json's `labels`).
+    labels: bool = False
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serv
         "chat_template_sha256": recipe.get("chat_template_sha256"),
         "chat_template_kwargs": recipe.get("chat_template_kwargs"),  # passed to every rendering; in KWARGS_FILE
         # a classifier's labels, in training order: output i is labels[i] (also in export/labels.json)
-        "labels": list(ctx.labels) if ctx.kind.name != "causal_lm" else None,
+        "labels": list(ctx.labels) if ctx.kind.serving.labels else None,
         "trial_id": trial_id,
         "job_id": spec.job.id,
         "spec_sha256": ctx.spec_sha256,
@@ -280,7 +280,7 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
         chat=bool(ctx.data_result["recipe"].get("chat_template_sha256")),
     )
     written["SERVING.md"] = guide.encode()
-    if ctx.kind.name != "causal_lm":  # a classifier's outputs are indices into the labels, in this order
+    if ctx.kind.serving.labels:  # a classifier's outputs are indices into the labels, in this order
         written[LABELS_FILE] = _labels_file(ctx.labels)
     report = ctx.store.get_bytes("report/report.md").decode()
     written["report.md"] = (report.rstrip("\n") + "\n\n" + _report_section(summary, readiness, modelfile)).encode()
