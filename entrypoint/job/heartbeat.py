@@ -57,7 +57,7 @@ class Heartbeat:
         self.every = every if every is not None else heartbeat_seconds()
         self.done = 0
         self.doing: str | None = None
-        self.started = clock()
+        self.started = clock()  # the line's time counts from here: construct it when the work starts
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -76,13 +76,20 @@ class Heartbeat:
         while not self._stop.wait(self.every):
             self.log(self.line())
 
-    def __enter__(self) -> Heartbeat:
-        self.started = self.clock()
+    def start(self) -> Heartbeat:
+        """Start the line's thread (what `with` does; for work whose end is signalled by a callback)."""
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{self.what}", daemon=True)
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Stop the thread; no line after this returns."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

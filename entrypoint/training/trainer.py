@@ -29,7 +29,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
 from entrypoint.errors import STOP_SIGNALS, DiskFull, signal_name
-from entrypoint.job.heartbeat import heartbeat_seconds
+from entrypoint.job.heartbeat import Heartbeat
 from entrypoint.store import Store, StoreError
 from entrypoint.store.checkpoint import CheckpointError, Nodes
 from entrypoint.store.committer import Committer
@@ -149,22 +149,24 @@ class ProgressCallback(TrainerCallback):
         self.every = every
         self.meter = meter  # registered before this callback, so it has counted the step being logged
         self.started = time.monotonic()
-        self._eval: dict | None = None  # the eval-loss pass under way: started, batches, last line
-        self._eval_every = heartbeat_seconds()
+        self._eval: Heartbeat | None = None  # the eval-loss pass under way
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        now = time.monotonic()
         if self._eval is None:
-            self._eval = {"started": now, "batches": 0, "said": now}
-        self._eval["batches"] += 1
-        if now - self._eval["said"] >= self._eval_every:
-            took, done = now - self._eval["started"], self._eval["batches"]
-            total = len(eval_dataloader) if eval_dataloader is not None else "?"
-            self.log(f"eval-loss: {done}/{total} batches in {took:.0f} s ({done / took:.2f} batches/s)")
-            self._eval["said"] = now
+            total = len(eval_dataloader) if eval_dataloader is not None else 0
+            self._eval = Heartbeat(self.log, "eval-loss", total=total, unit="batches").start()
+        self._eval.advance()
+
+    def _eval_ended(self) -> None:
+        if self._eval is not None:
+            self._eval.stop()
+            self._eval = None
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self._eval = None
+        self._eval_ended()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._eval_ended()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not (logs and "loss" in logs):

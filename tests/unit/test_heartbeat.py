@@ -67,3 +67,24 @@ def test_generation_reports_its_progress_while_it_runs(tmp_path, monkeypatch):
     beats = [line for line in lines if re.fullmatch(r"generation: [0-3]/3 answers in \d+ s \(.*\)", line)]
     assert beats, lines
     assert lines[-1].startswith("generation: 3 answers, ")  # the throughput line comes last
+
+
+def test_an_eval_loss_pass_reports_its_batches_until_the_trainer_says_it_ended(monkeypatch):
+    """The Trainer's callbacks drive it: a line while prediction steps come, none after on_evaluate."""
+    from entrypoint.training.trainer import ProgressCallback
+
+    monkeypatch.setenv("RENTUNE_HEARTBEAT_SECONDS", "0.01")
+    lines: list[str] = []
+    progress = ProgressCallback(lines.append)
+    for _ in range(3):
+        progress.on_prediction_step(None, None, None, eval_dataloader=[0] * 8)
+    _wait_for(lines, 1)
+    assert lines[-1].startswith("eval-loss: 3/8 batches in ")
+    progress.on_evaluate(None, None, None)
+    ended = len(lines)
+    time.sleep(0.1)
+    assert len(lines) == ended
+    progress.on_prediction_step(None, None, None, eval_dataloader=[0] * 8)  # the next pass counts from 1
+    _wait_for(lines, ended + 1)
+    assert lines[-1].startswith("eval-loss: 1/8 batches in ")
+    progress.on_train_end(None, None, None)
