@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from entrypoint.errors import EXIT_INTERRUPTED, Interrupted, signal_name
+from entrypoint.errors import Interrupted, signal_name
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.launches import attempt_ended, newest_launch
 from entrypoint.job.state import continue_spec, job_store, phase_result_key, stored_spec, trial_result_key
@@ -145,13 +145,12 @@ def _join(store: Store, launch: dict, node: int, workdir: Path, store_args, log)
     args = [*store_args, "--workdir", str(workdir / "ranks"), "--trial", trial]
     shutil.rmtree(workdir / "ranks", ignore_errors=True)  # the ranks' scratch is fresh for each launch
     log(f"node {node}: joining the lead's launch {launch['launch']} (trial {trial})")
-    code, terminated = run_torchrun(
+    code, stopped = run_torchrun(
         torchrun_command(spec.distribution, args, rdzv_id=launch["launch"]),
         spec.training.checkpoint.grace_seconds,
         log,
     )
-    if terminated or code == EXIT_INTERRUPTED:
-        stopped = terminated or signal.SIGTERM
+    if stopped:
         raise Interrupted(f"node {node}: torchrun ranks stopped on {signal_name(stopped)} (exit {code})", stopped)
     if code != 0:  # the lead decides what the trial's failure means; its next launch says what comes next
         log(f"node {node}: torchrun exited with code {code} in trial {trial}; waiting for the lead's next launch")

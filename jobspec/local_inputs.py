@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jobspec.model_limits import max_length_problem
 from jobspec.schema import JobSpec
 
-__all__ = ["local_path", "model_folder_problems"]
+__all__ = ["local_path", "model_folder_check"]
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -20,19 +21,20 @@ def local_path(location: str | None) -> Path | None:
     return Path(location.removeprefix("file://")).expanduser()
 
 
-def model_folder_problems(spec: JobSpec) -> list[str]:
-    """model.path, when local: a transformers folder with weights and config.json."""
+def model_folder_check(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """model.path, when local: a transformers folder with weights and config.json, whose position embeddings
+    hold model.max_length. Returns (problems, warnings)."""
     folder = local_path(spec.model.path)
     if folder is None:
-        return []
+        return [], []
     if folder.is_file() and folder.suffix == ".gguf":
         return [
             f"model.path: {folder} is a GGUF file; rentune trains from a transformers folder: convert it with "
             f"`rentune convert-gguf {folder} FOLDER`, then set model.path to FOLDER"
-        ]
+        ], []
     if not folder.is_dir():
-        return [f"model.path: {folder}: no such folder (resolved from {Path.cwd()})"]
-    problems = []
+        return [f"model.path: {folder}: no such folder (resolved from {Path.cwd()})"], []
+    problems, warnings = [], []
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHTS):
         there = sorted(p.name for p in folder.iterdir())[:8]
         problems.append(
@@ -41,4 +43,7 @@ def model_folder_problems(spec: JobSpec) -> list[str]:
         )
     if not (folder / "config.json").is_file():
         problems.append(f"model.path: {folder} has no config.json; expected a folder written by save_pretrained")
-    return problems
+    found = max_length_problem(spec.model.max_length, folder)
+    if found is not None:
+        (problems if found[1] else warnings).append(found[0])
+    return problems, warnings

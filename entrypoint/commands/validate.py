@@ -10,8 +10,7 @@ from entrypoint.commands.exits import exits
 from entrypoint.commands.options import StoreFlags
 from entrypoint.store import check_conditional_writes
 from jobspec.load import SpecError, load_spec
-from jobspec.local_inputs import local_path, model_folder_problems
-from jobspec.model_limits import max_length_problem
+from jobspec.local_inputs import model_folder_check
 
 
 @click.command("validate")
@@ -36,16 +35,12 @@ def validate(spec: Path, check_store: bool, skip_files: bool) -> None:
 
     with exits():
         loaded = load_spec(spec)
-        model = loaded.spec.model
-        problems = [] if skip_files else model_folder_problems(loaded.spec) + first_rows_problems(loaded.spec)
-        folder = None if skip_files else local_path(model.path)
-        found = max_length_problem(model.max_length, folder) if folder is not None and folder.is_dir() else None
-        if found is not None and found[1]:
-            problems.append(found[0])
+        problems, warnings = ([], []) if skip_files else model_folder_check(loaded.spec)
+        problems += [] if skip_files else first_rows_problems(loaded.spec)
         if problems:
             raise SpecError([f"{spec}: {problem}" for problem in problems])
-        if found is not None:
-            click.echo(f"{spec}: warning: {found[0]}", err=True)
+        for warning in warnings:
+            click.echo(f"{spec}: warning: {warning}", err=True)
         if check_store:
             root = StoreFlags(None).over(loaded.spec.store).open()
             check_conditional_writes(root, "scratch")

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import gc
 import shutil
-import signal
 import time
 
 import torch
 
 from entrypoint.context import PhaseContext
-from entrypoint.errors import EXIT_INTERRUPTED, Interrupted, signal_name
+from entrypoint.errors import Interrupted, signal_name
 from entrypoint.job.launches import announce_launch, end_launch
 from entrypoint.job.plan import store_plan
 from entrypoint.job.state import dumps, rank_result_key, trial_result_key
@@ -165,12 +164,11 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
     if launch:
         ctx.log(f"train: launch {launch}: the other {distribution.nnodes - 1} node(s) join it through the store")
     try:
-        code, terminated = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
+        code, stopped = run_torchrun(command, ctx.spec.training.checkpoint.grace_seconds, ctx.log)
     finally:
         if launch:
             end_launch(ctx.store, launch)
-    if terminated or code == EXIT_INTERRUPTED:
-        stopped = terminated or signal.SIGTERM
+    if stopped:
         raise Interrupted(
             f"train: torchrun ranks stopped on {signal_name(stopped)} (exit {code}); resume continues from the store",
             stopped,

@@ -17,6 +17,7 @@ phase reads the files and writes the results.
 from __future__ import annotations
 
 from entrypoint.report.binding import KWARGS_FILE
+from jobspec.local_inputs import local_path
 
 __all__ = [
     "VLLM_LORA_ARCHITECTURES",
@@ -352,7 +353,7 @@ def _base_argument(base_source: str) -> str:
     """What to pass for the base model: a hub id, a folder; a package's model folder has no name to print."""
     if base_source.startswith("hub:"):
         return base_source.removeprefix("hub:")
-    if base_source.startswith("package:") or "://" in base_source.removeprefix("file://"):
+    if base_source.startswith("package:") or local_path(base_source) is None:
         return "BASE_FOLDER"  # a package's folder has no name to print; a bucket's must be fetched first
     return base_source.removeprefix("file://")
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from entrypoint.errors import STOP_SIGNALS, InvalidInput, signal_name
+from entrypoint.errors import EXIT_INTERRUPTED, STOP_SIGNALS, InvalidInput, signal_name
 from entrypoint.training.lifeline import dies_with_parent
 from jobspec.schema import Distribution
 
@@ -87,7 +87,8 @@ def torchrun_command(distribution: Distribution, rank_args: Sequence[str], rdzv_
 
 def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, int | None]:
     """Run torchrun in the foreground; forward SIGTERM to it when this process gets SIGTERM or SIGINT
-    (Ctrl-C). Returns (exit code, the stop signal received, or None).
+    (Ctrl-C). Returns (exit code, the signal that stopped the ranks, or None): the one this process received,
+    else SIGTERM when the ranks exited as interrupted (EXIT_INTERRUPTED: the node's own notice reached them).
 
     torchrun kills its ranks `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` seconds (default 30) after a SIGTERM; it is
     raised above the checkpoint grace so that the ranks' own watchdog decides when to give up."""
@@ -112,7 +113,9 @@ def run_torchrun(command: list[str], grace_seconds: float, log) -> tuple[int, in
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return code, (received[0] if received else None)
+    if received:
+        return code, received[0]
+    return code, (signal.SIGTERM if code == EXIT_INTERRUPTED else None)
 
 
 def deepspeed_config(distribution: Distribution, precision: str) -> dict:
