@@ -34,10 +34,31 @@ from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
-__all__ = ["CANCELLED", "Claim", "JobExists", "NotQueued", "Worker", "cancel", "submit"]
+__all__ = [
+    "CANCELLED",
+    "FAILED",
+    "REJECTED",
+    "entry_key",
+    "Claim",
+    "JobExists",
+    "NewestClaim",
+    "NotQueued",
+    "Worker",
+    "cancel",
+    "newest_claim",
+    "submit",
+]
 
 QUEUE = "queue"
-CANCELLED = join_key(QUEUE, "cancelled")
+# Where an entry ends when it does not run to completion (a completed job's entry is deleted).
+REJECTED, FAILED, CANCELLED = "rejected", "failed", "cancelled"
+
+
+def entry_key(job_id: str, outcome: str | None = None) -> str:
+    """queue/<job_id>.yaml, or queue/<outcome>/<job_id>.yaml once it was rejected, failed or cancelled."""
+    return join_key(QUEUE, *([outcome] if outcome else []), f"{job_id}.yaml")
+
+
 DEFAULT_LEASE_SECONDS = 300.0
 
 
@@ -50,7 +71,7 @@ def submit(root: Store, loaded: LoadedSpec) -> str:
     job_id = loaded.spec.job.id
     if root.head(join_key("jobs", job_id, "spec.yaml")) is not None:
         raise JobExists(f"job {job_id!r} already exists in {root.uri}; choose a new job.id")
-    key = join_key(QUEUE, f"{job_id}.yaml")
+    key = entry_key(job_id)
     try:
         root.put_if_absent(key, loaded.text.encode())
     except ObjectExists:
@@ -66,8 +87,10 @@ def cancel(root: Store, job_id: str) -> str:
     """Take a queued job off the queue before a worker runs it; returns where its spec went
     (queue/cancelled/<job_id>.yaml). A claim of its own first, so that no worker can claim the job between the
     check and the move; a worker that claims it after the release finds no queue entry and lets it be.
-    Raises NotQueued when there is no such entry, Conflict when a worker holds the job."""
-    key = join_key(QUEUE, f"{job_id}.yaml")
+    Raises NotQueued when there is no such entry, Conflict when a worker holds the job (a dead worker's stale
+    claim does not count: see newest_claim). A job cancelled before keeps that spec; this one goes beside it as
+    queue/cancelled/<job_id>.<claim>.yaml."""
+    key = entry_key(job_id)
     try:
         text = root.get_bytes(key)
     except ObjectNotFound:
@@ -76,31 +99,27 @@ def cancel(root: Store, job_id: str) -> str:
             f"job {job_id!r} is not queued in {root.uri}: "
             + ("it has run or runs there (see `rentune status`)" if ran else "no such job was submitted there")
         ) from None
-    numbers = _claims(root, job_id)
-    if numbers and root.head(Claim(job_id, numbers[-1], "").key("released")) is None:
-        holder = _claim_holder(root, Claim(job_id, numbers[-1], ""))
+    newest = newest_claim(root, job_id, time.time())
+    if newest.held(DEFAULT_LEASE_SECONDS):
         raise Conflict(
-            f"job {job_id!r} is held by worker {holder} (claim {numbers[-1]}): it runs. Stop that worker (`docker "
-            "stop` of its container: the job commits, stays queued and can be cancelled then)"
+            f"job {job_id!r} is held by worker {newest.worker} (claim {newest.number}): it runs. Stop that worker "
+            "(`docker stop` of its container: the job commits, stays queued and can be cancelled then)"
         )
-    claim = Claim(job_id, (numbers[-1] + 1) if numbers else 1, "rentune cancel")
+    claim = Claim(job_id, newest.number + 1, "rentune cancel")
     record = {"worker": f"rentune cancel on {socket.gethostname()}", "at": time.time(), "cancelled": True}
     try:
         root.put_if_absent(claim.key(), dumps(record))
     except ObjectExists:
         raise Conflict(f"job {job_id!r} was claimed by a worker just now; it runs") from None
-    moved = join_key(CANCELLED, f"{job_id}.yaml")
-    root.put_bytes(moved, text)
+    moved = entry_key(job_id, CANCELLED)
+    try:
+        root.put_if_absent(moved, text)
+    except ObjectExists:  # cancelled before, submitted again: the earlier spec stays as it was
+        moved = join_key(QUEUE, CANCELLED, f"{job_id}.{claim.number}.yaml")
+        root.put_bytes(moved, text)
     root.delete(key)
     root.put_bytes(claim.key("released"), dumps(record))
     return moved
-
-
-def _claim_holder(root: Store, claim: Claim) -> str:
-    try:
-        return str(read_json(root, claim.key())["worker"])
-    except (ObjectNotFound, KeyError, TypeError):
-        return "(unnamed)"
 
 
 @dataclass
@@ -111,6 +130,37 @@ class Claim:
 
     def key(self, suffix: str = "json") -> str:
         return join_key("jobs", self.job_id, "claims", f"{self.number:06d}.{suffix}")
+
+
+@dataclass(frozen=True)
+class NewestClaim:
+    """The newest claim on a job: who wrote it, whether it was released, how old its heartbeat is."""
+
+    number: int  # 0: never claimed
+    worker: str
+    released: bool
+    age: float  # seconds since its last heartbeat (or since the claim, before the first)
+
+    def held(self, lease_seconds: float) -> bool:
+        """A worker holds the job: claimed, not released, heartbeat within the lease (a dead worker's goes stale)."""
+        return self.number > 0 and not self.released and self.age <= lease_seconds
+
+
+def newest_claim(root: Store, job_id: str, now: float) -> NewestClaim:
+    """Who holds the job, as the queue's every reader sees it (the worker before claiming, `rentune cancel`)."""
+    numbers = _claims(root, job_id)
+    if not numbers:
+        return NewestClaim(0, "", released=True, age=0.0)
+    claim = Claim(job_id, numbers[-1], "")
+    at, worker = 0.0, "(unnamed)"
+    for suffix in ("heartbeat", "json"):
+        try:
+            record = read_json(root, claim.key(suffix))
+        except ObjectNotFound:
+            continue
+        at, worker = float(record.get("at", 0.0)), str(record.get("worker", worker))
+        break
+    return NewestClaim(claim.number, worker, root.head(claim.key("released")) is not None, now - at)
 
 
 def _claims(root: Store, job_id: str) -> list[int]:
@@ -149,30 +199,18 @@ class Worker:
         return sorted(ids)
 
     def _move(self, job_id: str, folder: str, text: bytes, why: str, suffix: str) -> None:
-        self.root.put_bytes(join_key(QUEUE, folder, f"{job_id}.yaml"), text)
+        self.root.put_bytes(entry_key(job_id, folder), text)
         self.root.put_bytes(join_key(QUEUE, folder, f"{job_id}.{suffix}.txt"), why.encode())
-        self.root.delete(join_key(QUEUE, f"{job_id}.yaml"))
-
-    def _heartbeat_at(self, claim: Claim) -> float:
-        for suffix in ("heartbeat", "json"):
-            try:
-                return read_json(self.root, claim.key(suffix))["at"]
-            except ObjectNotFound:
-                continue
-        return 0.0
+        self.root.delete(entry_key(job_id))
 
     def try_claim(self, job_id: str) -> Claim | None:
         """Claim the job if nobody holds a live claim on it; None otherwise."""
-        numbers = _claims(self.root, job_id)
-        if numbers:
-            current = Claim(job_id, numbers[-1], "")
-            released = self.root.head(current.key("released")) is not None
-            age = self.clock() - self._heartbeat_at(current)
-            if not released and age <= self.lease_seconds:
-                return None
-            if not released:
-                self.log(f"worker: claim {numbers[-1]} on {job_id} is stale ({age:.0f} s without heartbeat)")
-        claim = Claim(job_id, (numbers[-1] + 1) if numbers else 1, self.name)
+        newest = newest_claim(self.root, job_id, self.clock())
+        if newest.held(self.lease_seconds):
+            return None
+        if newest.number and not newest.released:
+            self.log(f"worker: claim {newest.number} on {job_id} is stale ({newest.age:.0f} s without heartbeat)")
+        claim = Claim(job_id, newest.number + 1, self.name)
         try:
             self.root.put_if_absent(claim.key(), dumps({"worker": self.name, "at": self.clock()}))
         except ObjectExists:
@@ -195,7 +233,7 @@ class Worker:
 
     def run_one(self, job_id: str) -> bool:
         """Validate, claim and run one queued job. True if this worker ran (or rejected) it."""
-        key = join_key(QUEUE, f"{job_id}.yaml")
+        key = entry_key(job_id)
         try:
             text = self.root.get_bytes(key)
         except ObjectNotFound:
@@ -207,7 +245,7 @@ class Worker:
                 raise SpecError([f"{key}: job.id: expected {job_id!r} (the queue entry's name), got {got!r}"])
         except (SpecError, UnicodeDecodeError) as exc:
             errors = exc.errors if isinstance(exc, SpecError) else [f"{key}: not UTF-8 text"]
-            self._move(job_id, "rejected", text, "\n".join(errors) + "\n", "errors")
+            self._move(job_id, REJECTED, text, "\n".join(errors) + "\n", "errors")
             self.log(f"worker: rejected {job_id}: {errors[0]}")
             return True
         claim = self.try_claim(job_id)
@@ -232,7 +270,7 @@ class Worker:
             # once instead of after the lease timeout. The queue entry stays.
             stopped = exc
         except Exception as exc:  # the job failed; the attempt record in the store holds the details
-            self._move(job_id, "failed", text, f"{type(exc).__name__}: {exc}\n", "error")
+            self._move(job_id, FAILED, text, f"{type(exc).__name__}: {exc}\n", "error")
             self.log(f"worker: {job_id} failed: {type(exc).__name__}: {exc}")
         else:
             self.root.delete(key)

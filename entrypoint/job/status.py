@@ -14,6 +14,7 @@ import time
 from entrypoint.errors import InvalidInput
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.lease import lease_account, lease_lines
+from entrypoint.job.queue import CANCELLED, FAILED, REJECTED, entry_key
 from entrypoint.job.state import (
     PHASE_NAMES,
     commit_status_key,
@@ -68,13 +69,14 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
     try:
         spec = stored_spec(store).spec
     except ObjectNotFound:
-        if root.head(f"queue/{job_id}.yaml") is not None:
-            return f"job {job_id}: queued in {root.uri}/queue/, waiting for a worker"
-        for folder in ("rejected", "failed", "cancelled"):
-            if root.head(f"queue/{folder}/{job_id}.yaml") is not None:
-                if folder == "cancelled":
-                    return f"job {job_id}: cancelled before a worker started it; its spec: {root.uri}/queue/cancelled/"
-                return f"job {job_id}: {folder}, see {root.uri}/queue/{folder}/{job_id}.*.txt"
+        if root.head(entry_key(job_id)) is not None:
+            return f"job {job_id}: queued in {root.uri}/{entry_key(job_id)}, waiting for a worker"
+        for outcome in (REJECTED, FAILED, CANCELLED):
+            key = entry_key(job_id, outcome)
+            if root.head(key) is not None:
+                if outcome == CANCELLED:
+                    return f"job {job_id}: cancelled before a worker started it; its spec: {root.uri}/{key}"
+                return f"job {job_id}: {outcome}, see {root.uri}/{key.removesuffix('.yaml')}.*.txt"
         raise JobNotFound(f"{store.uri}: no job {job_id!r} in this store") from None
     plan = _json(store, "plan.json")
     lines = [f"job {job_id} ({spec.hypothesis.task}) in {store.uri}"]

@@ -1,13 +1,16 @@
 """`rentune cancel` on a real S3 server (moto): `submit` prints follow-up commands that work as printed,
 cancel takes a queued job off the queue (its spec kept), no worker starts it afterwards, a second cancel
-and a cancel of a job a worker holds are refused, and nothing stored is lost."""
+and a cancel of a job a worker holds are refused (a dead worker's stale claim is not), and nothing stored is
+lost."""
 
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
-from entrypoint.job.queue import Worker
+from entrypoint.job.queue import DEFAULT_LEASE_SECONDS, Worker
+from entrypoint.job.state import dumps
 from entrypoint.store.s3 import S3Store
 from tests.processes import rentune
 from tests.s3server import create_bucket
@@ -56,3 +59,16 @@ def test_cancel_takes_a_queued_job_off_and_refuses_a_held_one(tmp_path, s3_serve
     assert held.returncode == 3, held.stdout + held.stderr
     assert f"job 'cancel-a' is held by worker {worker.name} (claim 2): it runs" in held.stderr
     assert root.get_bytes("queue/cancel-a.yaml") == spec.read_bytes()  # still queued, untouched
+
+    # the worker died (its heartbeat older than the lease): its claim no longer holds the job, and the cancel
+    # keeps the spec cancelled the first time beside this one
+    root.put_bytes(
+        claim.key("heartbeat"), dumps({"worker": worker.name, "at": time.time() - 2 * DEFAULT_LEASE_SECONDS})
+    )
+    root.put_bytes("queue/cancel-a.yaml", spec.read_bytes() + b"# the second submission\n")
+    stale = rentune("cancel", "cancel-a", *flags, cwd=tmp_path)
+    assert stale.returncode == 0, stale.stdout + stale.stderr
+    assert f"its spec is kept at {uri}/queue/cancelled/cancel-a.3.yaml" in stale.stdout, stale.stdout
+    assert root.get_bytes("queue/cancelled/cancel-a.yaml") == spec.read_bytes()
+    assert root.get_bytes("queue/cancelled/cancel-a.3.yaml").endswith(b"# the second submission\n")
+    assert root.head("queue/cancel-a.yaml") is None
