@@ -9,7 +9,7 @@ from pathlib import Path
 from jobspec.model_limits import max_length_problem
 from jobspec.schema import JobSpec
 
-__all__ = ["local_path", "model_folder_check"]
+__all__ = ["local_inputs", "local_path", "model_folder_check", "node_paths_problems"]
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -19,6 +19,27 @@ def local_path(location: str | None) -> Path | None:
     if location is None or "://" in location.removeprefix("file://"):
         return None
     return Path(location.removeprefix("file://")).expanduser()
+
+
+def local_inputs(spec: JobSpec) -> dict[str, Path]:
+    """Every file or folder the spec names on the machine that runs it, by field (model.path, data.source,
+    data.files.*, data.chat_template); a bucket's (s3://) are left out."""
+    data = spec.data
+    fields = {"model.path": spec.model.path, "data.source": data.source, "data.chat_template": data.chat_template}
+    if data.files is not None:
+        fields |= {f"data.files.{split}": getattr(data.files, split) for split in ("train", "eval", "test")}
+    found = {field: local_path(location) for field, location in fields.items() if location is not None}
+    return {field: path for field, path in found.items() if path is not None}
+
+
+def node_paths_problems(spec: JobSpec) -> list[str]:
+    """What `rentune submit` refuses: a local path, which a worker on another node cannot read."""
+    return [
+        f"{field}: {path} is a path on this machine, which a worker on a node cannot read: upload it to the "
+        "bucket and name its s3:// URI (`rentune push-model` for a model folder, `aws s3 cp` for data), or pass "
+        "--node-paths when the path is the node's own (a volume mounted there)"
+        for field, path in local_inputs(spec).items()
+    ]
 
 
 def model_folder_check(spec: JobSpec) -> tuple[list[str], list[str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from entrypoint.errors import InvalidInput
 from entrypoint.store.hashing import file_sha256
-from jobspec.local_inputs import local_path
+from jobspec.local_inputs import local_inputs
 from jobspec.schema import JobSpec, Store
 
 __all__ = [
@@ -396,14 +396,9 @@ def first_rows_problems(spec: JobSpec) -> list[str]:
     """What `rentune validate` checks of the data before any model library is imported: data.source or each
     of data.files, when local text data: it exists, and its first FIRST_ROWS rows are JSON objects (JSONL) or
     readable (Parquet, a saved dataset; image rows in JSONL alike). A folder of images: that it exists."""
-    data = spec.data
-    fields = {"data.source": data.source} if data.source is not None else {}
-    if data.files is not None:
-        fields = {f"data.files.{split}": getattr(data.files, split) for split in ("train", "eval", "test")}
     problems = []
-    for field, location in fields.items():
-        path = local_path(location)
-        if path is None:
+    for field, path in local_inputs(spec).items():
+        if not field.startswith(("data.source", "data.files.")):
             continue
         if path.is_dir() and not any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
             continue  # a folder the kind reads itself (an ImageFolder); a saved dataset's is read below

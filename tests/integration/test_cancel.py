@@ -32,7 +32,7 @@ def test_cancel_takes_a_queued_job_off_and_refuses_a_held_one(tmp_path, s3_serve
     root = S3Store.from_uri(uri, endpoint_url=s3_server, addressing_style="path")
     spec = write_spec(tmp_path / "a.yaml", tiny_job("cancel-a", Path("/models/bert")))
 
-    submitted = rentune("submit", str(spec), *flags, cwd=tmp_path)
+    submitted = rentune("submit", str(spec), "--node-paths", *flags, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     status = rentune(*_printed(submitted.stdout, "follow it with: "), cwd=tmp_path)
     assert status.returncode == 0 and "cancel-a: queued" in status.stdout, status.stdout + status.stderr
@@ -52,7 +52,7 @@ def test_cancel_takes_a_queued_job_off_and_refuses_a_held_one(tmp_path, s3_serve
     again = rentune("cancel", "cancel-a", *flags, cwd=tmp_path)
     assert again.returncode == 2 and "job 'cancel-a' is not queued" in again.stderr, again.stderr
     # cancelled, the job id can be submitted again, and a worker claims it at once (the cancel's claim is released)
-    assert rentune("submit", str(spec), *flags, cwd=tmp_path).returncode == 0
+    assert rentune("submit", str(spec), "--node-paths", *flags, cwd=tmp_path).returncode == 0
     claim = worker.try_claim("cancel-a")
     assert claim is not None and claim.number == 2
     held = rentune("cancel", "cancel-a", *flags, cwd=tmp_path)
@@ -72,3 +72,24 @@ def test_cancel_takes_a_queued_job_off_and_refuses_a_held_one(tmp_path, s3_serve
     assert root.get_bytes("queue/cancelled/cancel-a.yaml") == spec.read_bytes()
     assert root.get_bytes("queue/cancelled/cancel-a.3.yaml").endswith(b"# the second submission\n")
     assert root.head("queue/cancel-a.yaml") is None
+
+
+def test_submit_refuses_a_local_path_a_worker_cannot_read_naming_each_field(tmp_path, s3_server):
+    bucket = create_bucket(s3_server)
+    flags = ["--store", f"s3://{bucket}/rentune", "--endpoint-url", s3_server, "--addressing-style", "path"]
+    root = S3Store.from_uri(f"s3://{bucket}/rentune", endpoint_url=s3_server, addressing_style="path")
+    spec = write_spec(tmp_path / "local.yaml", tiny_job("local-paths", Path("/models/bert")))
+
+    refused = rentune("submit", str(spec), *flags, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    for field, path in (("model.path", "/models/bert"), ("data.source", "examples/data/tickets.jsonl")):
+        assert f"{spec}: {field}: " in refused.stderr and path in refused.stderr, refused.stderr
+    assert "a worker on a node cannot read" in refused.stderr and "--node-paths" in refused.stderr
+    assert list(root.list("queue")) == []  # nothing queued
+
+    # the same spec naming the bucket's copies is queued as it is
+    s3_spec = tiny_job("s3-paths", Path("/unused"), data={"source": f"s3://{bucket}/data/tickets.jsonl"})
+    s3_spec["model"]["path"] = f"s3://{bucket}/models/bert"
+    queued = rentune("submit", str(write_spec(tmp_path / "s3.yaml", s3_spec)), *flags, cwd=tmp_path)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    assert [info.key for info in root.list("queue")] == ["queue/s3-paths.yaml"]

@@ -258,7 +258,7 @@ def test_worker_in_docker_is_stopped_then_resumes_and_completes(engine, images, 
     flags = ["--store", store_uri, "--endpoint-url", s3_server]
     spec = tmp_path / "quickstart.yaml"
     spec.write_text(yaml.safe_dump(_quickstart(bucket), sort_keys=False))
-    queued = _host("submit", str(spec), *flags, cwd=tmp_path)
+    queued = _host("submit", str(spec), "--node-paths", *flags, cwd=tmp_path)  # the container's /models
     assert queued.returncode == 0 and f"queued {JOB}" in queued.stdout, queued.stdout + queued.stderr
 
     # 1-2. the worker in a container; docker stop once training has committed its first checkpoint

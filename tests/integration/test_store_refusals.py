@@ -30,7 +30,7 @@ def test_submit_with_a_wrong_secret_says_the_credentials_were_refused_and_exits_
     spec = write_spec(tmp_path / "spec.yaml", job)
     env = {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}
     store = ("--store", f"s3://{bucket}/runs", "--endpoint-url", seaweed_server, "--addressing-style", "path")
-    result = rentune("submit", str(spec), *store, cwd=tmp_path, env=env)
+    result = rentune("submit", str(spec), "--node-paths", *store, cwd=tmp_path, env=env)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "head failed: 403 Forbidden with no reason given" in result.stderr  # its first request: a HEAD
     assert "your credentials were refused, or they may not head here" in result.stderr

@@ -55,9 +55,13 @@ def test_two_workers_share_the_queue_and_take_over_a_dead_workers_job(s3_server,
     first.write_text(yaml.safe_dump(_spec("w-a", model, 20)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     flags = ["--store", store_uri, "--endpoint-url", s3_server, "--addressing-style", "path"]
-    queued = subprocess.run([RENTUNE, "submit", str(first), *flags], env=env, capture_output=True, text=True)
+    queued = subprocess.run(
+        [RENTUNE, "submit", str(first), "--node-paths", *flags], env=env, capture_output=True, text=True
+    )
     assert queued.returncode == 0 and "queued w-a" in queued.stdout, queued.stderr
-    again = subprocess.run([RENTUNE, "submit", str(first), *flags], env=env, capture_output=True, text=True)
+    again = subprocess.run(
+        [RENTUNE, "submit", str(first), "--node-paths", *flags], env=env, capture_output=True, text=True
+    )
     assert again.returncode == 3  # already queued: never overwritten
     # an invalid spec that reached the queue without `rentune submit` (an old client, a hand-made file)
     bad = _spec("bad", model, 1)
