@@ -6,6 +6,7 @@ Each error names the file, the dotted field path and what was expected, for exam
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from collections.abc import Iterator
@@ -118,7 +119,9 @@ def _format_error(err: Any, raw: dict) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        return f"{field}: unknown key; expected one of: {', '.join(allowed)}"
+        close = difflib.get_close_matches(loc[-1], allowed, n=1, cutoff=0.6) if loc else []
+        guess = f"did you mean {'.'.join([*loc[:-1], close[0]])}? " if close else ""
+        return f"{field}: unknown key; {guess}expected one of: {', '.join(allowed)}"
     if kind == "missing":
         return f"{field}: missing; this field is required"
     message = err["msg"]

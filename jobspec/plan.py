@@ -260,6 +260,20 @@ def count_split_examples(spec: JobSpec) -> dict[str, int] | None:
     return {"train": max(1, round(lines * (1 - data.split.eval - data.split.test))), **held}
 
 
+def split_examples_from_train(spec: JobSpec, train: int) -> dict[str, int] | None:
+    """Examples per split for `train` training examples when the data cannot be counted here (object
+    storage): a single source's eval and test follow from its split shares; given files, None (unknown)."""
+    data = spec.data
+    if data.files:
+        return None
+    share = 1 - data.split.eval - data.split.test
+    return {
+        "train": train,
+        "eval": round(train * data.split.eval / share),
+        "test": round(train * data.split.test / share),
+    }
+
+
 def count_train_examples(spec: JobSpec) -> int | None:
     """Training examples, counted from the local data files before the data phase runs (non-empty lines;
     a single source is cut by the split shares). None when the data is in object storage."""

@@ -16,7 +16,13 @@ from jobspec.load import load_spec
 @click.option("--train-examples", type=click.IntRange(min=1), help="Training examples, when the data is in s3://.")
 def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
     """Print SPEC's lease plan; exit 2 with what to cut if it does not fit."""
-    from jobspec.plan import count_split_examples, count_train_examples, make_plan, power_lines
+    from jobspec.plan import (
+        count_split_examples,
+        count_train_examples,
+        make_plan,
+        power_lines,
+        split_examples_from_train,
+    )
 
     with exits():
         loaded = load_spec(spec)
@@ -29,6 +35,12 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
             raise Refused(f"{spec}: data: the data is in object storage; pass --train-examples N to plan")
         result = make_plan(loaded.spec, n_train, window=window)
         click.echo(result.table())
+        if counts is None:  # in object storage: the eval and test sizes from --train-examples and the split shares
+            counts = split_examples_from_train(loaded.spec, n_train)
+            if counts is not None:
+                click.echo(f"power: eval and test sizes from --train-examples {n_train} and data.split's shares")
+            else:
+                click.echo("power: not computed: data.files are in object storage, their eval and test sizes unknown")
         for line in power_lines(loaded.spec, counts) if counts else []:
             click.echo(line)
         if result.problems:

@@ -217,3 +217,19 @@ def test_plan_states_the_smallest_change_the_split_sizes_can_show():
     assert len(power_lines(spec, {"train": 10, "eval": 5000, "test": 5000})) == 1  # 0.028 < 0.05: decidable
     counts = count_split_examples(spec)
     assert counts == {"train": 288, "eval": 96, "test": 96}  # 480 lines of tickets.jsonl
+
+
+def test_plan_of_data_in_a_bucket_states_power_from_train_examples_and_the_split_shares(tmp_path):
+    raw = copy.deepcopy(GOOD)
+    raw["data"] = {"source": "s3://bucket/data/tickets.jsonl", "split": {"eval": 0.2, "test": 0.2}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    refused = CliRunner().invoke(main, ["plan", str(path)])
+    assert refused.exit_code == 2 and "pass --train-examples N to plan" in refused.output
+    result = CliRunner().invoke(main, ["plan", str(path), "--train-examples", "288"])
+    assert "power: eval and test sizes from --train-examples 288 and data.split's shares" in result.output
+    assert "on eval (96 examples) and 0.141 on test (96)" in result.output, result.output  # as from the file
+    raw["data"] = {"files": {split: f"s3://bucket/data/{split}.jsonl" for split in ("train", "eval", "test")}}
+    path.write_text(yaml.safe_dump(raw))
+    files = CliRunner().invoke(main, ["plan", str(path), "--train-examples", "288"])
+    assert "power: not computed: data.files are in object storage" in files.output, files.output

@@ -38,8 +38,14 @@ _DELETE = object()
 
 # (case id, spec, the field path the message must name, a word the message must contain)
 BAD_SPECS = [
-    ("unknown-top-key", _with("trainer", {"epochs": 1}), "trainer", "unknown key"),
-    ("unknown-nested-key", _with("training.learning_rat", 0.1), "training.learning_rat", "learning_rate"),
+    ("unknown-top-key", _with("trainer", {"epochs": 1}), "trainer", "unknown key; did you mean training?"),
+    (
+        "unknown-nested-key",
+        _with("training.learning_rat", 0.1),
+        "training.learning_rat",
+        "mean training.learning_rate?",
+    ),
+    ("unknown-far-key", _with("training.zzz", 1), "training.zzz", "unknown key; expected one of: "),
     ("missing-section", _with("model", _DELETE), "model", "missing"),
     ("missing-job-id", _with("job.id", _DELETE), "job.id", "missing"),
     ("wrong-type-epochs", _with("training.epochs", "many"), "training.epochs", "number"),
