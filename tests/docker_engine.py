@@ -4,9 +4,10 @@
     ...                                  # iptables (nothing on the host's network changes)
     engine.stop()                        # containers killed, dockerd stopped, its mounts gone
 
-`cpu_base_image(engine, ...)` makes `rentune-test/cpu-base:<debian release>-torch<version>`: Debian minbase
-from `debootstrap` (with the host's extra CA certificates, for an HTTPS proxy), imported with `docker
-import`, plus a venv with the host's CPU torch wheel. The data root lives in the cache folder, so the base
+`cpu_base_image(engine, ...)` makes `rentune-test/cpu-base:<debian release>-torch<version>-make`: Debian
+minbase from `debootstrap` (with the host's extra CA certificates, for an HTTPS proxy), imported with
+`docker import`, then `make cpu-base` (deploy/cpu-base.Dockerfile, the docs' recipe) on it with the host's
+CPU torch wheel. The data root lives in the cache folder, so the base
 image and the images' layer cache survive from one test run to the next.
 
 `engine_unavailable()` says why no engine can be had here (not root, no apt-get), or None: on a root
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 from tests.s3server import dies_with_us
+
+ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["DockerEngine", "cpu_base_image", "engine_unavailable", "install_engine", "mounts_under"]
 
@@ -135,6 +138,15 @@ class DockerEngine:
             raise RuntimeError(f"docker {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
 
+    def make(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+        """`make ARGS` in the repository against this engine (the docs' recipe as written: `make image-cpu`)."""
+        done = subprocess.run(
+            ["make", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"make {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done
+
     def has_image(self, reference: str) -> bool:
         return self.docker("image", "inspect", reference, check=False).returncode == 0
 
@@ -175,7 +187,7 @@ def _torch_version() -> str:
 def cpu_base_image(engine: DockerEngine, log=print) -> str:
     """The CPU base image's reference, made (and kept in the engine's data root) if missing."""
     release, torch_version = _debian_release(), _torch_version()
-    reference = f"rentune-test/cpu-base:{release}-torch{torch_version}"
+    reference = f"rentune-test/cpu-base:{release}-torch{torch_version}-make"  # built by `make cpu-base`
     if engine.has_image(reference):
         return reference
     debian = f"rentune-test/debian:{release}-minbase"
@@ -184,24 +196,9 @@ def cpu_base_image(engine: DockerEngine, log=print) -> str:
         _import_debian(engine, release, debian)
     with tempfile.TemporaryDirectory(prefix="rentune-base-") as context:
         wheel = _download_torch_wheel(engine, debian, torch_version, Path(context))
-        (Path(context) / "Dockerfile").write_text(_BASE_DOCKERFILE)
-        log(f"docker: building {reference} with {wheel.name} ...")
-        engine.docker(
-            "build", "--network", "host", "--build-arg", f"DEBIAN_IMAGE={debian}",
-            "--build-arg", f"TORCH_WHEEL={wheel.name}", "--tag", reference, context, timeout=1200,
-        )  # fmt: skip
+        log(f"docker: make cpu-base {reference} with {wheel.name} ...")
+        engine.make("cpu-base", f"PYTHON_IMAGE={debian}", f"TORCH_WHEEL={wheel}", f"CPU_BASE={reference}")
     return reference
-
-
-_BASE_DOCKERFILE = """\
-ARG DEBIAN_IMAGE
-FROM ${DEBIAN_IMAGE}
-ARG TORCH_WHEEL
-# Debian's python3 is externally managed (PEP 668): torch, and later rentune, go into a venv on PATH.
-ENV PATH=/opt/venv/bin:$PATH PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY ${TORCH_WHEEL} /tmp/
-RUN python3 -m venv /opt/venv && pip install --no-cache-dir /tmp/${TORCH_WHEEL} && rm /tmp/${TORCH_WHEEL}
-"""
 
 
 def _import_debian(engine: DockerEngine, release: str, reference: str) -> None:
