@@ -1,20 +1,25 @@
 """Serve a merged export with plain transformers, as a user would, and compare with the adapter's answers.
 
-    python examples/check_merged.py JOB_FOLDER [--min-equal 0.99]
+    python examples/check_merged.py JOB [--min-equal 0.99]
 
-JOB_FOLDER is a job's folder in a file:// store (e.g. runs/jobs/extract-chat). This script imports no
-rentune module: it loads export/merged/ with AutoModelForCausalLM (or AutoModelForSequenceClassification)
-and AutoTokenizer, renders each eval conversation with the exported chat template (and its
-chat_template_kwargs.json), generates greedily until the exported generation_config.json's eos, and
-counts the answers equal to the adapter's on the same examples (export/parity.json, written by rentune's
-parity check). Exit 0 when at least --min-equal of them are equal.
+JOB is a job's folder in a file:// store (e.g. runs/jobs/extract-chat) or its prefix in a bucket
+(s3://my-bucket/rentune/jobs/extract-chat: export/ and the eval split are downloaded with boto3, the
+endpoint and credentials from the usual AWS_* variables, the addressing style from
+RENTUNE_S3_ADDRESSING_STYLE). This script imports no rentune module: it loads export/merged/ with
+AutoModelForCausalLM (or AutoModelForSequenceClassification) and AutoTokenizer, renders each eval
+conversation with the exported chat template (and its chat_template_kwargs.json), generates greedily until
+the exported generation_config.json's eos, and counts the answers equal to the adapter's on the same
+examples (export/parity.json, written by rentune's parity check). Exit 0 when at least --min-equal of them
+are equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -68,25 +73,51 @@ def _answers(merged: Path, rows: list[dict], spec: dict) -> list[str]:
     return out
 
 
+def _download(job: str, folder: Path) -> Path:
+    """The files this check reads of an s3:// job prefix (export/ but the adapter, the eval split), under
+    `folder` as they lie in the bucket."""
+    import boto3
+    from botocore.config import Config
+
+    bucket, _, prefix = job.removeprefix("s3://").rstrip("/").partition("/")
+    style = os.environ.get("RENTUNE_S3_ADDRESSING_STYLE", "auto")
+    s3 = boto3.client("s3", config=Config(s3={"addressing_style": style}))
+    keys = [f"{prefix}/phases/data/eval.jsonl"]
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/export/"):
+        keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].startswith(f"{prefix}/export/adapter/")]
+    for key in keys:
+        target = folder / key[len(prefix) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, key, str(target))
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("job", type=Path, help="the job's folder in a file:// store")
+    parser.add_argument("job", help="the job's folder in a file:// store, or its s3://bucket/prefix/jobs/JOB_ID")
     parser.add_argument("--min-equal", type=float, default=0.99)
     args = parser.parse_args(argv)
-    export = args.job / "export"
+    if args.job.startswith("s3://"):
+        with tempfile.TemporaryDirectory(prefix="check-merged-") as folder:
+            return _check(_download(args.job, Path(folder)), args.min_equal, shown=args.job)
+    return _check(Path(args.job), args.min_equal, shown=args.job)
+
+
+def _check(job: Path, min_equal: float, shown: str) -> int:
+    export = job / "export"
     parity = json.loads((export / "parity.json").read_text())
     spec = yaml.safe_load((export / "spec.yaml").read_text())
-    rows = _rows(args.job / "phases/data/eval.jsonl")
+    rows = _rows(job / "phases/data/eval.jsonl")
     answers = _answers(export / "merged", rows, spec)
     expected = parity["outputs"]["adapter"]
     equal = sum(a == b for a, b in zip(answers, expected, strict=True))
     loaded = sorted(name for name in sys.modules if name.split(".")[0] in ("entrypoint", "jobspec"))
     assert not loaded, f"this check must not import rentune, yet {loaded} were imported"
     print(
-        f"plain transformers on {export / 'merged'}: {equal}/{len(rows)} eval answers equal to the adapter's "
+        f"plain transformers on {shown}/export/merged: {equal}/{len(rows)} eval answers equal to the adapter's "
         f"(rentune's parity check: {parity['equal']}/{parity['examples']}, {parity['parity']})"
     )
-    return 0 if equal >= args.min_equal * len(rows) else 1
+    return 0 if equal >= min_equal * len(rows) else 1
 
 
 if __name__ == "__main__":

@@ -50,10 +50,12 @@ def export(
     Exit 0 when the merged folder passed its parity check, 1 when it failed it (the folder is kept and
     BINDING.json says so), 2 for refused input, 3 for a base model that differs."""
     from entrypoint.runner import merge_later
+    from entrypoint.training.environment import quiet_libraries
 
     with exits():
         if not merged:
             raise Refused("rentune: refused: expected --merged (the merged folder is the only export rentune redoes)")
+        quiet_libraries()  # transformers' load report of a classifier's new head reads as an error mid-merge
         root = store.open()
         result = merge_later(root, job_id, workdir, log, dtype, model_path, replace)
         click.echo(

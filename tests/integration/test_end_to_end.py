@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import torch
 import yaml
 
 from tests.processes import rentune
+from tests.s3server import create_bucket, raw_client
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ["data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export"]
@@ -155,11 +157,12 @@ def test_export_reloads_with_plain_peft_and_predicts_as_at_end_of_training(finis
 
 
 def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a_bf16_rounding_fails_parity(
-    finished_job, tmp_path
+    finished_job, tmp_path, s3_server
 ):
     """`rentune export e2e --merged` on the finished job (a classifier: no merged folder by default), in a
     copy of its store: merged in memory (the head is new), parity ok, and AutoModelForSequenceClassification
-    alone answers as the adapter does. Then, constructed: the adapter's head gets six equal rows (exact in
+    alone answers as the adapter does, read from the job folder and from a copy of it in a bucket. Then,
+    constructed: the adapter's head gets six equal rows (exact in
     bf16) and its last class a bias 1e-4 above the others, so the adapter (float32) answers that class
     everywhere; merged in bfloat16, 0.5 + 1e-4 rounds to 0.5, the six logits tie and the merged model
     answers the first class. The parity process records the failure (exit 1, the folder kept and marked)
@@ -174,6 +177,7 @@ def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a
     store = ["--store", f"file://{tmp_path / 'store'}", "--workdir", str(tmp_path / "work")]
     done = rentune("export", "e2e", "--merged", *store, cwd=tmp_path)
     assert done.returncode == 0 and "parity ok" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "newly initialized" not in done.stderr, done.stderr  # transformers' load report of the new head
     merged = json.loads((copy / "export/BINDING.json").read_text())["merged"]
     assert merged["method"] == "in memory" and merged["dtype"] == "float32"
     n = merged["equal_outputs"].split("/")[1]
@@ -186,6 +190,18 @@ def test_a_finished_classifier_merged_later_serves_with_plain_transformers_and_a
         [sys.executable, str(ROOT / "examples/check_merged.py"), str(copy)], capture_output=True, text=True, timeout=300
     )
     assert served.returncode == 0 and f": {n}/{n} eval answers equal" in served.stdout, served.stdout + served.stderr
+    bucket, s3 = create_bucket(s3_server), raw_client(s3_server)  # the same job in a bucket: s3://.../jobs/e2e
+    for path in [copy / "phases/data/eval.jsonl", *(copy / "export").rglob("*")]:
+        if path.is_file() and "adapter" not in path.relative_to(copy).parts:
+            s3.upload_file(str(path), bucket, f"runs/jobs/e2e/{path.relative_to(copy).as_posix()}")
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    from_bucket = subprocess.run(
+        [sys.executable, str(ROOT / "examples/check_merged.py"), f"s3://{bucket}/runs/jobs/e2e"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, **keys, "AWS_ENDPOINT_URL": s3_server, "RENTUNE_S3_ADDRESSING_STYLE": "path"},
+    )  # fmt: skip
+    assert from_bucket.returncode == 0, from_bucket.stdout + from_bucket.stderr
+    assert f"on s3://{bucket}/runs/jobs/e2e/export/merged: {n}/{n} eval answers equal" in from_bucket.stdout
     checked = rentune("check-export", str(copy / "export"), "--base", base, cwd=tmp_path)
     assert checked.returncode == 0 and "merged/ parity ok" in checked.stdout, checked.stderr
     again = rentune("export", "e2e", "--merged", *store, cwd=tmp_path)
