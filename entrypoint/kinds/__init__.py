@@ -47,26 +47,29 @@ def kind_for(
 
     task = {"classification": Classification, "format": Format, "extraction": Extraction}[spec.hypothesis.task](spec)
     if spec.data.modality == "image":
+        from entrypoint.kinds.image_classifier import USAGE as IMAGE_USAGE
         from entrypoint.kinds.image_classifier import ImageClassifier
         from entrypoint.kinds.images import ImageData
 
         model = ImageClassifier(spec)
-        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, labels=True)
+        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=IMAGE_USAGE, labels=True)
         return Kind("image_classifier", ImageData(spec, model), model, task, stores_tokens=False, serving=serving)
     from entrypoint.kinds.text import TextData
 
     if spec.generates:  # format and extraction tasks on text
+        from entrypoint.kinds.causal_lm import USAGE as CAUSAL_USAGE
         from entrypoint.kinds.causal_lm import CausalLM
 
         model = CausalLM(spec, log, read_quantization_record)
-        serving = Serving(model.scores, stop_tokens=model.stop_tokens, agreement=None)
+        serving = Serving(model.scores, stop_tokens=model.stop_tokens, agreement=None, usage=CAUSAL_USAGE)
         return Kind(
             "causal_lm", TextData(spec, model.fields(), model), model, task, stores_tokens=True, serving=serving
         )
+    from entrypoint.kinds.text_classifier import USAGE as TEXT_USAGE
     from entrypoint.kinds.text_classifier import TextClassifier
 
     model = TextClassifier(spec)
-    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, labels=True)
+    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=TEXT_USAGE, labels=True)
     data = TextData(spec, model.fields(), model)
     return Kind("text_classifier", data, model, task, stores_tokens=True, serving=serving, encodes_in_tokenizer=True)
 

@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 from entrypoint.data.encoding import Encoded
 from entrypoint.data.parts import DataParts, Leaks
 from entrypoint.evaluation.tally import Tally
+from entrypoint.report.serving import Usage
 from jobspec.schema import Adaptation
 
 __all__ = ["Baseline", "DataSide", "Kind", "ModelSide", "Serving", "TaskSide"]
@@ -116,6 +117,8 @@ class Serving:
     # The share of eval predictions the merged model must answer as the adapter does (classifiers), or None
     # (generated answers: their metric alone decides).
     agreement: float | None
+    # How user code loads and calls the export (SERVING.md's snippets).
+    usage: Usage
     # The model's outputs are indices into the job's labels (classifiers): the export carries them in order
     # (export/labels.json, BINDING.json's `labels`).
     labels: bool = False

@@ -25,6 +25,8 @@ from entrypoint.data.encoding import (
 from entrypoint.data.packing import PackedCollator
 from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
+from entrypoint.report.binding import KWARGS_FILE
+from entrypoint.report.serving import Usage
 from entrypoint.training.model import SAFE_LOADING, adapt, load_adapter, resolve_model_dir
 from entrypoint.training.quantize import prepare_for_training, quantized_base
 from jobspec.schema import Adaptation, JobSpec
@@ -280,3 +282,28 @@ def _naming(row: dict):
         yield
     except TemplateError as exc:
         raise TemplateError(f"{exc}; in the conversation starting {row['prompt'][:80]!r}") from None
+
+
+def _call(base: str, folder: str, chat: bool) -> list[str]:
+    """SERVING.md: the tokenizer, a prompt rendered as in training (the chat template with the arguments
+    trained with), one greedy generation."""
+    lines = [f'tokenizer = AutoTokenizer.from_pretrained("{folder}")']
+    if chat:
+        lines += [
+            f'kwargs_file = Path("{KWARGS_FILE}")  # the chat template arguments trained with, when any',
+            "kwargs = json.loads(kwargs_file.read_text()) if kwargs_file.exists() else {}",
+            'messages = [{"role": "user", "content": "Hello"}]',
+            "inputs = tokenizer.apply_chat_template(",
+            '    messages, add_generation_prompt=True, return_dict=True, return_tensors="pt", **kwargs',
+            ")",
+        ]
+    else:
+        lines += ['inputs = tokenizer("A prompt written as in training", return_tensors="pt")']
+    return [
+        *lines,
+        "output = model.generate(**inputs, max_new_tokens=128)",
+        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))',
+    ]
+
+
+USAGE = Usage("AutoModelForCausalLM", "AutoTokenizer", generative=True, call=_call)

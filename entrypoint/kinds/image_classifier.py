@@ -12,6 +12,7 @@ from pathlib import Path
 
 from entrypoint.data.encoding import encode_image
 from entrypoint.kinds.base import Baseline
+from entrypoint.report.serving import LABEL_LINE, Usage
 from entrypoint.training.model import adapt, classifier_options, load_adapter, load_encoder
 from jobspec.schema import Adaptation, JobSpec
 
@@ -92,3 +93,15 @@ class ImageClassifier:
             "modality": "image",
             "image_modes": self.spec.data.image_modes,
         }
+
+
+def _call(base: str, folder: str, chat: bool) -> list[str]:
+    """SERVING.md: the base model's image processor (the export keeps its preprocessing), one image, its label."""
+    return [
+        f'processor = AutoImageProcessor.from_pretrained("{base}")  # the base model\'s preprocessing',
+        'inputs = processor(images=image, return_tensors="pt")  # image: a PIL image',
+        LABEL_LINE,
+    ]
+
+
+USAGE = Usage("AutoModelForImageClassification", "AutoImageProcessor", generative=False, call=_call)

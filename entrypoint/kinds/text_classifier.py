@@ -13,6 +13,7 @@ from pathlib import Path
 from entrypoint.data.encoding import encode_classifications
 from entrypoint.kinds.base import Baseline
 from entrypoint.kinds.text import TextFields
+from entrypoint.report.serving import LABEL_LINE, Usage
 from entrypoint.training.model import adapt, classifier_options, load_adapter, load_encoder
 from jobspec.schema import Adaptation, JobSpec
 
@@ -108,3 +109,12 @@ class TextClassifier:
     @property
     def _batch(self) -> int:
         return self.spec.training.eval_batch
+
+
+def _call(base: str, folder: str, chat: bool) -> list[str]:
+    """SERVING.md: the tokenizer saved with the export, one text, its label."""
+    tokenizer = f'tokenizer = AutoTokenizer.from_pretrained("{folder}")'
+    return [tokenizer, 'inputs = tokenizer("some text", return_tensors="pt")', LABEL_LINE]
+
+
+USAGE = Usage("AutoModelForSequenceClassification", "AutoTokenizer", generative=False, call=_call)

@@ -16,12 +16,17 @@ phase reads the files and writes the results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from entrypoint.report.binding import KWARGS_FILE
 from jobspec.local_inputs import local_path
 
 __all__ = [
+    "LABEL_LINE",
     "VLLM_LORA_ARCHITECTURES",
     "VLLM_LORA_RANKS",
+    "Usage",
     "ollama_modelfile",
     "serving_guide",
     "vllm_readiness",
@@ -290,18 +295,28 @@ def _render_ollama(family: str, messages: list[dict]) -> str:
 
 # -- SERVING.md ----------------------------------------------------------------------------------------
 
-_CLASSES = {
-    "causal_lm": "AutoModelForCausalLM",
-    "text_classifier": "AutoModelForSequenceClassification",
-    "image_classifier": "AutoModelForImageClassification",
-}
+
+@dataclass(frozen=True)
+class Usage:
+    """How user code loads and calls an export of one model family: what SERVING.md's snippets say. Each
+    kind gives its own (entrypoint/kinds/, the `Serving` record); nothing here names a kind."""
+
+    model_class: str  # the transformers Auto class, e.g. "AutoModelForCausalLM"
+    processor_class: str  # "AutoTokenizer" or "AutoImageProcessor"
+    generative: bool  # vLLM (and Ollama) serve it; a classifier's base instead loads with the job's labels
+    # (base, folder, chat) -> the lines after `model = ...from_pretrained(folder)`: the processor, one call
+    call: Callable[[str, str, bool], list[str]]
+
+
+# A classifier's answer: its last line in SERVING.md's snippets.
+LABEL_LINE = "print(model.config.id2label[model(**inputs).logits.argmax(-1).item()])"
 
 
 def serving_guide(
     *,
     job_id: str,
     base_source: str,
-    kind: str,
+    usage: Usage,
     adapter_rank: int | None,
     readiness: dict | None,
     merged: dict | None,
@@ -313,9 +328,7 @@ def serving_guide(
     with peft, transformers alone, Ollama), each run from export/, with the merge's parity figures and, when
     parity failed, that first. `readiness` is vllm_readiness's dict (None: not checked), `merged` the merge's
     {"dtype", "parity": "ok" | "failed", "metric", "adapter", "merged", "equal_outputs"} (None: no merged
-    folder), `modelfile` ollama_modelfile's dict (None: no Modelfile). Raises ValueError for an unknown kind."""
-    if kind not in _CLASSES:
-        raise ValueError(f"kind: {kind!r} is not one of {', '.join(_CLASSES)}")
+    folder), `modelfile` ollama_modelfile's dict (None: no Modelfile), `usage` the kind's snippets."""
     base = _base_argument(base_source)
     parts = [f"# Serving {job_id}", ""]
     if merged and merged.get("parity") == "failed":
@@ -335,15 +348,15 @@ def serving_guide(
     if merged and merged.get("parity") != "failed":
         parts += [f"Merged folder ({merged.get('dtype')}): {_parity(merged)}.", ""]
     if full:  # a full fine-tune: adapter/ holds the whole model
-        if kind == "causal_lm":
+        if usage.generative:
             parts += ["## vLLM (the fully fine-tuned model)", "", *_fence("bash", "vllm serve ./adapter")]
-        parts += _merged_section(kind, base, chat, "adapter")
+        parts += _merged_section(usage, base, chat, "adapter")
     else:
-        if kind == "causal_lm" or readiness is not None:
-            parts += _vllm_section(job_id, base, readiness, merged if kind == "causal_lm" else None, chat)
-        parts += _peft_section(kind, base, chat)
+        if usage.generative or readiness is not None:
+            parts += _vllm_section(job_id, base, readiness, merged if usage.generative else None, chat)
+        parts += _peft_section(usage, base, chat)
     if merged:
-        parts += _merged_section(kind, base, chat)
+        parts += _merged_section(usage, base, chat)
     if modelfile is not None:
         parts += _ollama_section(job_id, modelfile)
     return "\n".join(parts).rstrip("\n") + "\n"
@@ -390,13 +403,13 @@ def _vllm_section(job_id: str, base: str, readiness: dict | None, merged: dict |
     return parts
 
 
-def _peft_section(kind: str, base: str, chat: bool) -> list[str]:
-    cls = _CLASSES[kind]
+def _peft_section(usage: Usage, base: str, chat: bool) -> list[str]:
+    cls = usage.model_class
     lines = []
-    if kind == "causal_lm" and chat:
+    if usage.generative and chat:
         lines += ["import json", "from pathlib import Path", ""]
-    lines += ["from peft import PeftModel", f"from transformers import {cls}, {_processor(kind)}", ""]
-    if kind == "causal_lm":
+    lines += ["from peft import PeftModel", f"from transformers import {cls}, {usage.processor_class}", ""]
+    if usage.generative:
         lines += [f'base = {cls}.from_pretrained("{base}")']
     else:
         lines = ["import json", "from pathlib import Path", "", *lines]
@@ -404,55 +417,19 @@ def _peft_section(kind: str, base: str, chat: bool) -> list[str]:
             'LABELS = json.loads(Path("labels.json").read_text())["labels"]  # the job\'s labels, in training order',
             f'base = {cls}.from_pretrained("{base}", num_labels=len(LABELS), id2label=dict(enumerate(LABELS)))',
         ]
-    lines += ['model = PeftModel.from_pretrained(base, "adapter").eval()', *_use(kind, base, "adapter", chat)]
+    lines += ['model = PeftModel.from_pretrained(base, "adapter").eval()', *usage.call(base, "adapter", chat)]
     return ["## transformers + peft (the adapter)", "", *_fence("python", "\n".join(lines))]
 
 
-def _merged_section(kind: str, base: str, chat: bool, folder: str = "merged") -> list[str]:
-    cls = _CLASSES[kind]
+def _merged_section(usage: Usage, base: str, chat: bool, folder: str = "merged") -> list[str]:
+    cls = usage.model_class
     lines = []
-    if kind == "causal_lm" and chat:
+    if usage.generative and chat:
         lines += ["import json", "from pathlib import Path", ""]
-    lines += [f"from transformers import {cls}, {_processor(kind)}", ""]
-    lines += [f'model = {cls}.from_pretrained("{folder}").eval()', *_use(kind, base, folder, chat)]
+    lines += [f"from transformers import {cls}, {usage.processor_class}", ""]
+    lines += [f'model = {cls}.from_pretrained("{folder}").eval()', *usage.call(base, folder, chat)]
     title = "the merged folder" if folder == "merged" else "the fully fine-tuned model"
     return [f"## transformers alone ({title})", "", *_fence("python", "\n".join(lines))]
-
-
-_LABEL = "print(model.config.id2label[model(**inputs).logits.argmax(-1).item()])"
-
-
-def _processor(kind: str) -> str:
-    return "AutoImageProcessor" if kind == "image_classifier" else "AutoTokenizer"
-
-
-def _use(kind: str, base: str, folder: str, chat: bool) -> list[str]:
-    """The lines after the model is loaded: its tokenizer (or image processor) and one call."""
-    if kind == "image_classifier":
-        return [
-            f'processor = AutoImageProcessor.from_pretrained("{base}")  # the base model\'s preprocessing',
-            'inputs = processor(images=image, return_tensors="pt")  # image: a PIL image',
-            _LABEL,
-        ]
-    lines = [f'tokenizer = AutoTokenizer.from_pretrained("{folder}")']
-    if kind == "text_classifier":
-        return [*lines, 'inputs = tokenizer("some text", return_tensors="pt")', _LABEL]
-    if chat:
-        lines += [
-            f'kwargs_file = Path("{KWARGS_FILE}")  # the chat template arguments trained with, when any',
-            "kwargs = json.loads(kwargs_file.read_text()) if kwargs_file.exists() else {}",
-            'messages = [{"role": "user", "content": "Hello"}]',
-            "inputs = tokenizer.apply_chat_template(",
-            '    messages, add_generation_prompt=True, return_dict=True, return_tensors="pt", **kwargs',
-            ")",
-        ]
-    else:
-        lines += ['inputs = tokenizer("A prompt written as in training", return_tensors="pt")']
-    return [
-        *lines,
-        "output = model.generate(**inputs, max_new_tokens=128)",
-        'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))',
-    ]
 
 
 def _ollama_section(job_id: str, modelfile: dict) -> list[str]:

@@ -271,7 +271,7 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
     guide = serving_guide(
         job_id=spec.job.id,
         base_source=_base_source(spec),
-        kind=ctx.kind.name,
+        usage=ctx.kind.serving.usage,
         adapter_rank=adaptation.get("rank") if adaptation["method"] == "lora" else None,
         full=adaptation["method"] == "full",
         readiness=readiness,

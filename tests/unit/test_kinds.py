@@ -105,27 +105,59 @@ def test_the_loss_weighting_follows_the_task():
     assert kind_for(format_spec).task.loss == "token"
 
 
-def _switches(path: Path) -> list[str]:
+def _kind_names() -> set[str]:
+    """Every kind's name: the first argument of each `Kind(...)` that kinds/__init__.py builds."""
+    tree = ast.parse((ROOT / "entrypoint/kinds/__init__.py").read_text())
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Kind" and node.args
+        if isinstance(node.args[0], ast.Constant)
+    }
+
+
+KIND_NAMES = _kind_names()
+
+
+def _switches(path: Path, root: Path = ROOT) -> list[str]:
     """Comparisons of a task or modality (`spec.hypothesis.task == ...`, `results["hypothesis"]["task"] != ...`)
-    or of a kind's name, and `hasattr(kind, ...)`."""
+    or of a kind's name (`kind.name == ...`, or any comparison with a kind's name literal), a dict keyed by a
+    kind's name or a lookup with one, and `hasattr(kind, ...)`."""
     found = []
+
+    def hit(node: ast.AST) -> None:
+        found.append(f"{path.relative_to(root)}:{node.lineno}")
+
+    def names_a_kind(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in KIND_NAMES
+
+    def switches_on(side: ast.AST) -> bool:
+        """One side of a comparison: a task, a modality, a kind's name, or a kind's name literal."""
+        if isinstance(side, ast.Attribute) and side.attr in ("task", "modality"):
+            return True
+        if isinstance(side, ast.Subscript) and getattr(side.slice, "value", None) in ("task", "modality"):
+            return True
+        if isinstance(side, ast.Attribute) and side.attr == "name" and "kind" in ast.unparse(side.value):
+            return True
+        elements = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+        return any(map(names_a_kind, elements))
+
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Compare):
-            for side in (node.left, *node.comparators):
-                if isinstance(side, ast.Attribute) and side.attr in ("task", "modality"):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-                if isinstance(side, ast.Subscript) and getattr(side.slice, "value", None) in ("task", "modality"):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-                if isinstance(side, ast.Attribute) and side.attr == "name" and "kind" in ast.unparse(side.value):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if isinstance(node, ast.Compare) and any(map(switches_on, (node.left, *node.comparators))):
+            hit(node)
+        if isinstance(node, ast.Dict) and any(map(names_a_kind, node.keys)):
+            hit(node)
+        if isinstance(node, ast.Subscript) and names_a_kind(node.slice):
+            hit(node)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
             first = ast.unparse(node.args[0]) if node.args else ""
             if "kind" in first:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                hit(node)
     return found
 
 
 def test_no_kind_or_task_switch_outside_kinds():
+    assert KIND_NAMES == {"causal_lm", "text_classifier", "image_classifier"}  # the detector knows every kind
     found = [
         hit
         for path in sorted((ROOT / "entrypoint").rglob("*.py"))
@@ -136,17 +168,18 @@ def test_no_kind_or_task_switch_outside_kinds():
 
 
 def test_the_switch_check_sees_a_switch(tmp_path):
-    path = ROOT / "entrypoint" / "_probe_switch.py"
-    try:
-        path.write_text(
-            "def f(spec, kind, results):\n"
-            '    if spec.hypothesis.task == "format" or results["hypothesis"]["task"] != "x":\n'
-            '        hasattr(kind, "log")\n'
-            '    return kind.name == "causal_lm"\n'
-        )
-        assert len(_switches(path)) == 4
-    finally:
-        path.unlink()
+    path = tmp_path / "switch.py"  # not under entrypoint/, which the layer test reads on another worker
+    path.write_text(
+        "def f(spec, kind, results, name):\n"
+        '    if spec.hypothesis.task == "format" or results["hypothesis"]["task"] != "x":\n'
+        '        hasattr(kind, "log")\n'
+        '    if name in ("causal_lm", "other") or name == "image_classifier":\n'
+        '        return {"text_classifier": 1}, CLASSES["causal_lm"]\n'
+        '    return kind.name == "causal_lm"\n'
+    )
+    assert len(_switches(path, root=tmp_path)) == 8
+    path.write_text('def f(kind):\n    return kind.serving.usage.generative and "causal" in kind.title\n')
+    assert _switches(path, root=tmp_path) == []
 
 
 def test_adding_a_kind_names_exactly_the_protocols_members_and_real_modules():

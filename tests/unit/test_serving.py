@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.kinds.causal_lm import USAGE as CAUSAL_LM
+from entrypoint.kinds.image_classifier import USAGE as IMAGE_CLASSIFIER
+from entrypoint.kinds.text_classifier import USAGE as TEXT_CLASSIFIER
 from entrypoint.report.serving import ollama_modelfile, serving_guide, vllm_readiness
 from tests.chat_templates import family_tokenizer
 from tests.models import CHATML, build_chat_tokenizer
@@ -187,7 +190,7 @@ def _guide(**changes) -> str:
     options = {
         "job_id": "tickets",
         "base_source": "hub:HuggingFaceTB/SmolLM2-135M-Instruct",
-        "kind": "causal_lm",
+        "usage": CAUSAL_LM,
         "adapter_rank": 16,
         "readiness": vllm_readiness(LORA, "LlamaForCausalLM", 0),
         "merged": {**MERGED, "equal_outputs": "57/60"},
@@ -228,19 +231,20 @@ def test_failed_parity_comes_first():
 
 
 def test_classifier_guide_has_no_vllm_or_ollama():
-    guide = _guide(kind="text_classifier", readiness=None, modelfile=None, chat=False, base_source="/models/bert")
+    guide = _guide(usage=TEXT_CLASSIFIER, readiness=None, modelfile=None, chat=False, base_source="/models/bert")
     assert "vllm" not in guide and "ollama" not in guide
     assert 'AutoModelForSequenceClassification.from_pretrained("/models/bert"' in guide
     assert 'AutoModelForSequenceClassification.from_pretrained("merged")' in guide
-    image = _guide(kind="image_classifier", readiness=None, modelfile=None, chat=False, merged=None)
+    image = _guide(usage=IMAGE_CLASSIFIER, readiness=None, modelfile=None, chat=False, merged=None)
     assert "AutoModelForImageClassification" in image and "AutoImageProcessor" in image and "merged" not in image
-    with pytest.raises(ValueError, match="kind"):
-        _guide(kind="seq2seq")
+    for text in (guide, image):  # the snippets are Python
+        for block in text.split("```python\n")[1:]:
+            compile(block.split("```")[0], "snippet", "exec")
 
 
 def test_a_full_fine_tune_is_served_from_adapter_without_peft():
     guide = serving_guide(
-        job_id="full", base_source="hub:org/model", kind="causal_lm", adapter_rank=None, readiness=None,
+        job_id="full", base_source="hub:org/model", usage=CAUSAL_LM, adapter_rank=None, readiness=None,
         merged=None, modelfile=None, chat=False, full=True,
     )  # fmt: skip
     assert "vllm serve ./adapter" in guide and 'AutoModelForCausalLM.from_pretrained("adapter")' in guide
