@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from entrypoint.data.tokens import open_tokens
-from entrypoint.job.state import BASE_MODEL_KEY, dumps, job_store, phase_result_key, read_json, read_jsonl, stored_spec
+from entrypoint.job import layout
+from entrypoint.job.state import dumps, job_store, read_json, read_jsonl, stored_spec
 from entrypoint.kinds import Kind, kind_for
 from entrypoint.store import ObjectNotFound, Store, open_store
 from entrypoint.training.device import resolve_device, resolve_precision
@@ -63,7 +64,7 @@ class PhaseContext:
     def recorded_quantization(self) -> dict | None:
         """QLoRA: the quantized base's record in base_model.json (training/quantize.py), None if none."""
         try:
-            return self.read_json(BASE_MODEL_KEY).get("quantized")
+            return self.read_json(layout.BASE_MODEL).get("quantized")
         except ObjectNotFound:
             return None
 
@@ -77,14 +78,14 @@ class PhaseContext:
 
     def result(self, phase: str) -> dict:
         """A phase's committed result (phases/<phase>/result.json)."""
-        return self.read_json(phase_result_key(phase))
+        return self.read_json(layout.phase_result(phase))
 
     def write_json(self, key: str, obj: Any) -> None:
         self.store.put_bytes(key, dumps(obj))
 
     def read_split(self, name: str) -> list[dict]:
         """A split as the data phase committed it, made ready for the model on this node by the data side."""
-        key = f"phases/data/{name}.jsonl"
+        key = layout.data_split(name)
         return self.kind.data.fetch(self.store, read_jsonl(self.store.get_bytes(key), key), self.workdir)
 
     def encoded(self, name: str, processor, labels: list[str]) -> Sequence:

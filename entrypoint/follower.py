@@ -25,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from entrypoint.errors import Interrupted, signal_name
+from entrypoint.job import layout
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.launches import attempt_ended, newest_launch
-from entrypoint.job.state import continue_spec, job_store, phase_result_key, stored_spec, trial_result_key
+from entrypoint.job.state import continue_spec, job_store, stored_spec
 from entrypoint.notices import watching_notices
 from entrypoint.runner import locations_args
 from entrypoint.store import Store
@@ -79,19 +80,19 @@ def _follow(store, node, workdir, store_args, log, lead_wait_s, poll_s, stop, lo
     ended_before = {n for n in attempt_numbers(store) if attempt_ended(store, n) is not None}
     idle_since, joined, model_checked = time.monotonic(), set(), False
     while not stop:
-        if store.head(phase_result_key("train")) is not None:
+        if store.head(layout.phase_result("train")) is not None:
             log(f"node {node}: training is done; the lead node runs the remaining phases. Exiting.")
             return
         current = max(attempt_numbers(store), default=0)
         launch = newest_launch(store)
         if current and current not in ended_before and (ended := attempt_ended(store, current)) is not None:
-            if store.head(phase_result_key("train")) is not None:  # committed just before the attempt ended
+            if store.head(layout.phase_result("train")) is not None:  # committed just before the attempt ended
                 continue
             _lead_ended(node, current, ended, log)
             return
         if launch and launch["attempt"] == current and not launch.get("ended") and launch["launch"] not in joined:
             joined.add(launch["launch"])
-            if store.head(trial_result_key(launch["trial"])) is None:
+            if store.head(layout.trial_result(launch["trial"])) is None:
                 if not model_checked:
                     moved = _check_model(store, node, workdir, log, loaded)
                     store_args = (*store_args, *locations_args(moved))

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import STOP_SIGNALS, Conflict, Interrupted, InvalidInput, signal_name
+from entrypoint.job import layout
 from entrypoint.job.attempts import StoreLog, claim_attempt, previous_attempts
 from entrypoint.job.plan import current_plan, store_plan
-from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, phase_result_key, read_json, stored_spec
+from entrypoint.job.state import PHASE_NAMES, dumps, freeze_spec, job_store, read_json, stored_spec
 from entrypoint.notices import notice_provider, watching_notices
 from entrypoint.phases import baseline, data, evaluate, export, probe, report, test, train, verify
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes
 from entrypoint.training.device import preflight
 from entrypoint.training.disk import disk_full
 from entrypoint.training.environment import environment
@@ -81,7 +82,7 @@ class Underpowered(InvalidInput):
 def check_power(ctx: PhaseContext) -> None:
     """After the baseline, before any training: with `evaluation.underpowered: fail`, stop a job whose
     hypothesis its splits cannot decide (the baseline phase's power table), saying what would."""
-    table = ctx.read_json(phase_result_key("baseline")).get("power")
+    table = ctx.read_json(layout.phase_result("baseline")).get("power")
     if table is None:  # a baseline committed by a rentune without the power check: nothing to check
         return
     hypothesis = next(m for m in table["metrics"] if m["role"] == "hypothesis")
@@ -167,18 +168,18 @@ def run_job(
         raise ValueError(f"--until {until!r}: expected one of {', '.join(PHASE_NAMES)}")
     spec = loaded.spec
     store = job_store(root, spec.job.id)
-    if store.head("spec.yaml") is None:  # a new job: refuse it before anything is stored if it cannot fit
+    if store.head(layout.SPEC) is None:  # a new job: refuse it before anything is stored if it cannot fit
         now = clock()
         started = spec.rental.started_at.timestamp() if spec.rental.started_at else now
         fresh = current_plan(spec, store, now, start=started)
         if fresh is not None and fresh["problems"]:
             raise PlanDoesNotFit("\n".join(fresh["problems"]))
         _check_max_length(loaded, log)
-    check_conditional_writes(store, "scratch")
+    check_conditional_writes(store, layout.SCRATCH)
     continued = freeze_spec(store, loaded)  # from here on the stored spec, at this node's locations
     spec = continued.loaded.spec
     attempt = claim_attempt(store, clock, startup_seconds)
-    log = StoreLog(store, f"attempts/{attempt}/log.txt", log)
+    log = StoreLog(store, layout.attempt_log(attempt), log)
     for line in continued.lines():
         log(line)
     ctx = PhaseContext(
@@ -202,7 +203,7 @@ def run_job(
         model_checked = False
         with watching_notices(log):  # a provider's interruption notice takes the SIGTERM path
             for name, phase in PHASES:
-                if store.head(phase_result_key(name)) is not None:
+                if store.head(layout.phase_result(name)) is not None:
                     log(f"{name}: already committed, skipping")
                     skipped.append(name)
                 else:
@@ -226,7 +227,7 @@ def run_job(
             signal.signal(signum, previous)
         outcome["ended_at"] = time.time()
         try:
-            store.put_bytes(f"attempts/{attempt}/ended.json", dumps(outcome))
+            store.put_bytes(layout.attempt_ended(attempt), dumps(outcome))
         except StoreError as exc:  # never let the record hide the outcome it records
             log(f"store: could not record the end of attempt {attempt}: {exc}")
         log.flush()
@@ -253,15 +254,15 @@ def _start_attempt(ctx: PhaseContext, root: Store, attempt: int) -> None:
     store, log = ctx.store, ctx.log
     abort_stale = getattr(root, "abort_stale_uploads", None)  # object stores with multipart uploads only
     if abort_stale is not None:
-        aborted = abort_stale(join_key("jobs", ctx.spec.job.id), STALE_UPLOAD_S)
+        aborted = abort_stale(layout.root_job(ctx.spec.job.id), STALE_UPLOAD_S)
         if aborted:
             log(f"store: aborted {aborted} multipart upload(s) left by an interrupted process")
     # The provider whose notice bounds the plan's notice window (jobspec.plan.notice_window).
-    store.put_bytes(f"attempts/{attempt}/env.json", dumps({**environment(), "notice_provider": notice_provider()}))
+    store.put_bytes(layout.attempt_env(attempt), dumps({**environment(), "notice_provider": notice_provider()}))
     for earlier in previous_attempts(store, attempt)[-1:]:
         if earlier["outcome"] != "completed":
             log(f"rentune: attempt {earlier['attempt']} ended {earlier['outcome']}: {earlier.get('error')}; continuing")
-    if store.head(phase_result_key(PHASE_NAMES[-1])) is None:  # a finished job keeps its last plan
+    if store.head(layout.phase_result(PHASE_NAMES[-1])) is None:  # a finished job keeps its last plan
         store_plan(ctx.spec, store, ctx.clock(), f"attempt {attempt} started", log)
 
 
@@ -282,7 +283,7 @@ def _run_phase(ctx: PhaseContext, name: str, phase: Callable[[PhaseContext], dic
     if ctx.timings:
         result.setdefault("timings", dict(ctx.timings))
     try:
-        ctx.store.put_if_absent(phase_result_key(name), dumps(result))
+        ctx.store.put_if_absent(layout.phase_result(name), dumps(result))
     except ObjectExists:  # another process (another node, a second queue worker) committed it first
         ctx.log(f"{name}: committed by another process meanwhile; keeping theirs")
     if name != PHASE_NAMES[-1]:  # the last phase's commit is the job's last write (but the attempt's records)
@@ -324,8 +325,8 @@ def merge_later(
     does not hash as the one trained on. Returns BINDING.json's `merged` (its parity ok or failed)."""
     store = job_store(root, job_id)
     try:
-        binding = read_json(store, "export/BINDING.json")
-        read_json(store, phase_result_key("export"))  # committed: the job has finished
+        binding = read_json(store, layout.EXPORT_BINDING)
+        read_json(store, layout.phase_result("export"))  # committed: the job has finished
     except ObjectNotFound:
         raise InvalidInput(
             f"job {job_id} has not finished its export in {store.uri}; `rentune run` continues it "
@@ -353,9 +354,6 @@ def merge_later(
         return finish_export(ctx, trial_id, kept, merged)["merged"]
 
 
-MERGE_CLAIM = "export/MERGING.json"  # held while `rentune export --merged` writes export/merged/
-
-
 @contextlib.contextmanager
 def _merge_claim(store: Store, log: Callable[[str], None]):
     """One `export --merged` at a time per job: a claim put if absent, deleted at the end. A claim whose
@@ -364,20 +362,20 @@ def _merge_claim(store: Store, log: Callable[[str], None]):
     ours = {**process_identity(), "at": time.time()}
     for _ in range(2):
         try:
-            store.put_if_absent(MERGE_CLAIM, dumps(ours))
+            store.put_if_absent(layout.MERGE_CLAIM, dumps(ours))
             break
         except ObjectExists:
-            theirs = read_json(store, MERGE_CLAIM)
+            theirs = read_json(store, layout.MERGE_CLAIM)
             if theirs.get("host") != ours["host"] or still_running(theirs):  # another node's: assumed alive
                 raise Conflict(
-                    f"{store.uri}/{MERGE_CLAIM}: another `rentune export --merged` (process {theirs.get('pid')} on "
-                    f"{theirs.get('host')}) is writing export/merged/; wait for it to end. If it is gone, delete "
-                    "that object and run again"
+                    f"{store.uri}/{layout.MERGE_CLAIM}: another `rentune export --merged` (process "
+                    f"{theirs.get('pid')} on {theirs.get('host')}) is writing export/merged/; wait for it to end. "
+                    "If it is gone, delete that object and run again"
                 ) from None
             log(f"export: taking over the merge claim of process {theirs.get('pid')}, which is gone")
-            store.delete(MERGE_CLAIM)
+            store.delete(layout.MERGE_CLAIM)
     try:
         yield
     finally:
         with contextlib.suppress(StoreError):
-            store.delete(MERGE_CLAIM)
+            store.delete(layout.MERGE_CLAIM)

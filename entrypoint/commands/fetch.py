@@ -10,6 +10,7 @@ import click
 
 from entrypoint.commands.exits import exits
 from entrypoint.commands.options import StoreFlags, store_options
+from entrypoint.job import layout
 from entrypoint.job.fetch import fetch_job
 from entrypoint.job.state import job_store
 from entrypoint.report.markdown import summary_table
@@ -33,10 +34,10 @@ def fetch(job_id: str, store: StoreFlags, dest: Path | None, with_adapter: bool,
     dest = dest or Path(job_id)
     with exits():
         fetched = fetch_job(job_store(store.open(), job_id), dest, with_adapter=with_adapter, with_merged=with_merged)
-        report = f" (report: {dest / 'report/report.md'})" if fetched.report else ""
+        report = f" (report: {dest / layout.REPORT_MD})" if fetched.report else ""
         click.echo(f"fetched {fetched.files} files to {dest}/{report}")
         if fetched.tensorboard:
             click.echo(f"tensorboard --logdir {dest / 'tensorboard'}")
-        results = dest / "report/results.json"
+        results = dest / layout.RESULTS
         if results.is_file():
             click.echo("\n" + summary_table(json.loads(results.read_text())))

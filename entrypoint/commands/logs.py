@@ -7,6 +7,7 @@ import click
 from entrypoint.commands.exits import exits
 from entrypoint.commands.options import StoreFlags, store_options
 from entrypoint.errors import InvalidInput
+from entrypoint.job import layout
 from entrypoint.job.state import job_store
 
 
@@ -27,6 +28,6 @@ def logs(job_id: str, store: StoreFlags, attempt: int | None) -> None:
         for n in numbers if attempt is None else [attempt]:
             click.echo(f"== attempt {n}")
             try:
-                click.echo(job.get_bytes(f"attempts/{n}/log.txt").decode(), nl=False)
+                click.echo(job.get_bytes(layout.attempt_log(n)).decode(), nl=False)
             except ObjectNotFound:
                 click.echo("(no log saved: the process ended before its first flush)")

@@ -11,6 +11,7 @@ import click
 from entrypoint.commands.exits import Refused, exits
 from entrypoint.commands.options import StoreFlags, log, store_options, workdir_option
 from entrypoint.errors import Interrupted
+from entrypoint.job import layout
 from entrypoint.job.state import PHASE_NAMES, job_store, read_json
 from entrypoint.report.markdown import summary_table
 from jobspec.load import load_spec
@@ -81,7 +82,7 @@ def run(
         if until is not None and until not in ("report", "export"):
             log(f"\nstopped after {until}, as asked; results under {outcome.store_uri}/phases/")
             return
-        results = read_json(job_store(root, outcome.job_id), "report/results.json")
+        results = read_json(job_store(root, outcome.job_id), layout.RESULTS)
         log("\n" + summary_table(results))
         log(f"\nreport: {outcome.store_uri}/report/report.md")
         if until != "report":

@@ -8,6 +8,7 @@ import click
 
 from entrypoint.commands.exits import exits
 from entrypoint.commands.options import StoreFlags
+from entrypoint.job import layout
 from entrypoint.store import check_conditional_writes
 from jobspec.load import SpecError, load_spec
 from jobspec.local_inputs import model_folder_check
@@ -43,6 +44,6 @@ def validate(spec: Path, check_store: bool, skip_files: bool) -> None:
             click.echo(f"{spec}: warning: {warning}", err=True)
         if check_store:
             root = StoreFlags(None).over(loaded.spec.store).open()
-            check_conditional_writes(root, "scratch")
+            check_conditional_writes(root, layout.SCRATCH)
             click.echo(f"store {root.uri}: reachable, writable, conditional writes honoured")
         click.echo(f"OK {spec} (job {loaded.spec.job.id}, sha256 {loaded.sha256[:12]})")

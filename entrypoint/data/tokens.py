@@ -28,6 +28,7 @@ from pathlib import Path
 
 from entrypoint.data.encoding import Encoded
 from entrypoint.data.pool import Workers, processes_for, worker_pool
+from entrypoint.job import layout
 from entrypoint.store.hashing import file_sha256
 
 __all__ = [
@@ -57,7 +58,7 @@ def tokens_key(data_version: str, max_length: int, labels: Sequence[str]) -> str
 
 
 def tokens_store_key(key: str, split: str) -> str:
-    return f"phases/data/tokens/{key}/{split}.arrow"
+    return layout.data_tokens(key, split)
 
 
 def open_tokens(store, record: dict, split: str, workdir: Path, log: Callable[[str], None]) -> TokenizedSplit:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from entrypoint.errors import Conflict
+from entrypoint.job import layout
 from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound
 
@@ -23,7 +24,7 @@ class TestSealed(Conflict):
 
 
 def seal_key(test_sha256: str) -> str:
-    return f"sealed-tests/{test_sha256}/opened.json"
+    return layout.seal_opened(test_sha256)
 
 
 def _refusal(test_sha256: str, first: dict) -> TestSealed:
@@ -76,8 +77,6 @@ def open_seal(ctx, test_sha256: str, trial_id: str) -> dict | None:
     if ctx.reopen_test is None:
         raise _refusal(test_sha256, first)
     override = {"reason": ctx.reopen_test, "earlier_opening": first, "this_opening": opening}
-    root.put_bytes(
-        f"sealed-tests/{test_sha256}/reopened/{opening['job_id']}-{int(opening['opened_at'])}.json", dumps(override)
-    )
+    root.put_bytes(layout.seal_reopened(test_sha256, opening["job_id"], int(opening["opened_at"])), dumps(override))
     ctx.log(f"test: reopening the sealed test split on request: {ctx.reopen_test}")
     return override

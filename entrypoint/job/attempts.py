@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from entrypoint.job import layout
 from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError
 from jobspec.schema import JobSpec
@@ -32,7 +33,7 @@ def claim_attempt(store: Store, clock: Callable[[], float] = time.time, startup_
     record = {"started_at": clock(), "startup_seconds": startup_seconds}
     while True:
         try:
-            store.put_if_absent(f"attempts/{number}/started.json", dumps(record))
+            store.put_if_absent(layout.attempt_started(number), dumps(record))
             return number
         except ObjectExists:
             number += 1
@@ -43,7 +44,7 @@ def previous_attempts(store: Store, current: int) -> list[dict]:
     out = []
     for n in range(1, current):
         try:
-            ended = read_json(store, f"attempts/{n}/ended.json")
+            ended = read_json(store, layout.attempt_ended(n))
         except ObjectNotFound:
             why = "no end record: SIGKILL, OOM killer, node loss, or the store unreachable as it ended (see its log)"
             ended = {"outcome": "killed", "error": why}
@@ -55,7 +56,7 @@ def lease_start(spec: JobSpec, store: Store) -> float:
     """rental.started_at, or when this job's first attempt started."""
     if spec.rental.started_at is not None:
         return spec.rental.started_at.timestamp()
-    return read_json(store, "attempts/1/started.json")["started_at"]
+    return read_json(store, layout.attempt_started(1))["started_at"]
 
 
 class StoreLog:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.errors import InvalidInput
+from entrypoint.job import layout
 from entrypoint.job.state import stored_spec
 from entrypoint.store import InvalidKey, Store
 from jobspec.experiments import resolve_trials
@@ -35,15 +36,16 @@ def fetch_job(store: Store, dest: Path, with_adapter: bool = False, with_merged:
     not a safe key; then nothing is written."""
     try:  # every name is checked before anything is written
         keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
-        trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head("spec.yaml") else []
-        events = [info.key for trial in trials for info in store.list(f"trials/{trial}/tensorboard")]
+        trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head(layout.SPEC) else []
+        events = [info.key for trial in trials for info in store.list(layout.trial_tensorboard(trial))]
     except InvalidKey as exc:
         raise InvalidKey(
             f"{exc}; nothing was fetched: one name that could point outside {dest} refuses the whole download "
             "(the other files are intact in the store)"
         ) from None
-    keys = [k for k in keys if with_adapter or not k.startswith("export/adapter/")]
-    keys = [k for k in keys if with_merged or not k.startswith("export/merged/")]  # the whole model: on demand
+    keys = [k for k in keys if with_adapter or not k.startswith(layout.EXPORT_ADAPTER + "/")]
+    # the merged folder is the whole model: only on demand
+    keys = [k for k in keys if with_merged or not k.startswith(layout.EXPORT_MERGED + "/")]
     if not keys and not events:
         raise InvalidInput(f"{store.uri}: no report yet (the job has not reached its report phase)")
     targets = {key: dest / key for key in keys}

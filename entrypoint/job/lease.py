@@ -12,9 +12,10 @@ results; shown in the report's "Lease" section, in results.json and by `rentune 
 
 from __future__ import annotations
 
+from entrypoint.job import layout
 from entrypoint.job.attempts import attempt_numbers, lease_start
 from entrypoint.job.plan import plan_revisions
-from entrypoint.job.state import PHASE_NAMES, read_json, read_result, trial_result_key
+from entrypoint.job.state import PHASE_NAMES, read_json, read_result
 from entrypoint.store import ObjectNotFound, Store
 from jobspec.experiments import resolve_trials
 from jobspec.plan import BEFORE_TRAINING
@@ -53,7 +54,7 @@ def lease_account(spec: JobSpec, store: Store, now: float) -> dict | None:
             continue
         for trial in resolve_trials(spec):
             try:
-                record = read_json(store, trial_result_key(trial.id))
+                record = read_json(store, layout.trial_result(trial.id))
             except ObjectNotFound:
                 record = {}
             budget = next(t for t in plan["trials"] if t["id"] == trial.id)
@@ -97,7 +98,7 @@ def _ended(store: Store, now: float) -> float:
         return now
     for number in attempt_numbers(store)[::-1]:
         try:
-            ended = read_json(store, f"attempts/{number}/ended.json")
+            ended = read_json(store, layout.attempt_ended(number))
         except ObjectNotFound:
             continue
         if ended.get("outcome") == "completed" and ended.get("ended_at"):

@@ -21,17 +21,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from entrypoint.job import layout
 from entrypoint.job.attempts import attempt_numbers, lease_start
-from entrypoint.job.state import PHASE_NAMES, dumps, read_json, read_result, trial_result_key
+from entrypoint.job.state import PHASE_NAMES, dumps, read_json, read_result
 from entrypoint.store import ObjectExists, ObjectNotFound, Store
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
 from jobspec.experiments import resolve_trials
 from jobspec.plan import Figure, batch_scale, count_split_examples, make_plan
 from jobspec.schema import JobSpec
 
-__all__ = ["PLANS", "current_plan", "figures_from", "plan_revisions", "store_plan"]
-
-PLANS = "plans"  # every revision (plans/NNNN.json), numbered from 1; plan.json is the newest
+__all__ = ["current_plan", "figures_from", "plan_revisions", "store_plan"]
 
 
 def _counts(spec: JobSpec, store: Store) -> dict[str, int] | None:
@@ -58,7 +57,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
             figures[name] = Figure(float(value), source)
 
     for number in attempt_numbers(store)[-1:]:
-        started = _json(store, f"attempts/{number}/started.json") or {}
+        started = _json(store, layout.attempt_started(number)) or {}
         put("startup", started.get("startup_seconds"), f"attempt {number}: process start to its first work")
     timings = (read_result(store, "baseline") or {}).get("timings", {})
     n = timings.get("baseline_examples")
@@ -85,7 +84,7 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
         put("store_rate", cost["bytes"] / max(cost["put_seconds"], 1e-6), f"probe: {cost['bytes'] / 1e6:.3g} MB put")
         put("weights_bytes", cost["weights_bytes"], "probe: the trainable parameters' bytes")
     for trial in resolve_trials(spec):  # a finished trial's own figures, the latest trial's winning
-        timings = (_json(store, trial_result_key(trial.id)) or {}).get("timings") or {}
+        timings = (_json(store, layout.trial_result(trial.id)) or {}).get("timings") or {}
         source = f"trial {trial.id}"
         scale = batch_scale(spec.training, trial.training)  # step figures are kept per main's batch
         per_main = timings["step"] / scale if timings.get("step") else None
@@ -135,13 +134,13 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
         n_train = probe_result.get("train_rows", n_train)  # with packing, steps draw rows of examples
     steps_done = {}
     for trial in resolve_trials(spec):
-        if store.head(trial_result_key(trial.id)) is not None:
+        if store.head(layout.trial_result(trial.id)) is not None:
             steps_done[trial.id] = 10**12  # finished, whatever its status: nothing left to train
         else:
             committed = [s for s, names in list_steps(store, checkpoint_prefix(trial.id)).items() if MANIFEST in names]
             steps_done[trial.id] = max(committed, default=0)
     start = lease_start(spec, store) if start is None else start
-    environment = next((_json(store, f"attempts/{n}/env.json") for n in attempt_numbers(store)[-1:]), None) or {}
+    environment = next((_json(store, layout.attempt_env(n)) for n in attempt_numbers(store)[-1:]), None) or {}
     plan = make_plan(
         spec,
         n_train,
@@ -164,7 +163,7 @@ def current_plan(spec: JobSpec, store: Store, now: float, start: float | None = 
 
 def plan_revisions(store: Store) -> list[dict]:
     """Every stored revision, oldest first."""
-    keys = [info.key for info in store.list(PLANS) if info.key.endswith(".json")]
+    keys = [info.key for info in store.list(layout.PLANS) if info.key.endswith(".json")]
     return [read_json(store, key) for key in sorted(keys, key=lambda k: int(k.rsplit("/", 1)[-1].split(".")[0]))]
 
 
@@ -173,15 +172,15 @@ def store_plan(spec: JobSpec, store: Store, now: float, reason: str, log: Callab
     plan = current_plan(spec, store, now)
     if plan is None:
         return None
-    number = sum(1 for info in store.list(PLANS) if info.key.endswith(".json")) + 1
+    number = sum(1 for info in store.list(layout.PLANS) if info.key.endswith(".json")) + 1
     while True:  # numbered once: a revision is never overwritten
         plan = {**plan, "revision": number, "reason": reason}
         try:
-            store.put_if_absent(f"{PLANS}/{number:04d}.json", dumps(plan))
+            store.put_if_absent(layout.plan_revision(number), dumps(plan))
             break
         except ObjectExists:
             number += 1
-    store.put_bytes("plan.json", dumps(plan))
+    store.put_bytes(layout.PLAN, dumps(plan))
     for problem in plan["problems"]:
         log(f"plan: {problem}")
     return plan

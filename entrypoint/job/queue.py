@@ -30,15 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from entrypoint.errors import Conflict, Interrupted, InvalidInput
+from entrypoint.job import layout
 from entrypoint.job.state import dumps, read_json
-from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes, join_key
+from entrypoint.store import ObjectExists, ObjectNotFound, Store, StoreError, check_conditional_writes
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 
 __all__ = [
     "CANCELLED",
     "FAILED",
     "REJECTED",
-    "entry_key",
     "Claim",
     "JobExists",
     "NewestClaim",
@@ -49,14 +49,8 @@ __all__ = [
     "submit",
 ]
 
-QUEUE = "queue"
 # Where an entry ends when it does not run to completion (a completed job's entry is deleted).
 REJECTED, FAILED, CANCELLED = "rejected", "failed", "cancelled"
-
-
-def entry_key(job_id: str, outcome: str | None = None) -> str:
-    """queue/<job_id>.yaml, or queue/<outcome>/<job_id>.yaml once it was rejected, failed or cancelled."""
-    return join_key(QUEUE, *([outcome] if outcome else []), f"{job_id}.yaml")
 
 
 DEFAULT_LEASE_SECONDS = 300.0
@@ -69,9 +63,9 @@ class JobExists(Conflict):
 def submit(root: Store, loaded: LoadedSpec) -> str:
     """Queue a validated spec. Raises JobExists if the job id is already queued or has run in this store."""
     job_id = loaded.spec.job.id
-    if root.head(join_key("jobs", job_id, "spec.yaml")) is not None:
+    if root.head(layout.root_job_spec(job_id)) is not None:
         raise JobExists(f"job {job_id!r} already exists in {root.uri}; choose a new job.id")
-    key = entry_key(job_id)
+    key = layout.queue_entry(job_id)
     try:
         root.put_if_absent(key, loaded.text.encode())
     except ObjectExists:
@@ -90,11 +84,11 @@ def cancel(root: Store, job_id: str) -> str:
     Raises NotQueued when there is no such entry, Conflict when a worker holds the job (a dead worker's stale
     claim does not count: see newest_claim). A job cancelled before keeps that spec; this one goes beside it as
     queue/cancelled/<job_id>.<claim>.yaml."""
-    key = entry_key(job_id)
+    key = layout.queue_entry(job_id)
     try:
         text = root.get_bytes(key)
     except ObjectNotFound:
-        ran = root.head(join_key("jobs", job_id, "spec.yaml")) is not None
+        ran = root.head(layout.root_job_spec(job_id)) is not None
         raise NotQueued(
             f"job {job_id!r} is not queued in {root.uri}: "
             + ("it has run or runs there (see `rentune status`)" if ran else "no such job was submitted there")
@@ -111,11 +105,11 @@ def cancel(root: Store, job_id: str) -> str:
         root.put_if_absent(claim.key(), dumps(record))
     except ObjectExists:
         raise Conflict(f"job {job_id!r} was claimed by a worker just now; it runs") from None
-    moved = entry_key(job_id, CANCELLED)
+    moved = layout.queue_entry(job_id, CANCELLED)
     try:
         root.put_if_absent(moved, text)
     except ObjectExists:  # cancelled before, submitted again: the earlier spec stays as it was
-        moved = join_key(QUEUE, CANCELLED, f"{job_id}.{claim.number}.yaml")
+        moved = layout.queue_note(job_id, CANCELLED, f"{claim.number}.yaml")
         root.put_bytes(moved, text)
     root.delete(key)
     root.put_bytes(claim.key("released"), dumps(record))
@@ -129,7 +123,7 @@ class Claim:
     worker: str
 
     def key(self, suffix: str = "json") -> str:
-        return join_key("jobs", self.job_id, "claims", f"{self.number:06d}.{suffix}")
+        return layout.root_claim(self.job_id, self.number, suffix)
 
 
 @dataclass(frozen=True)
@@ -165,7 +159,7 @@ def newest_claim(root: Store, job_id: str, now: float) -> NewestClaim:
 
 def _claims(root: Store, job_id: str) -> list[int]:
     numbers = []
-    for info in root.list(join_key("jobs", job_id, "claims")):
+    for info in root.list(layout.root_claims(job_id)):
         name = info.key.rsplit("/", 1)[-1]
         if name.endswith(".json") and name[:-5].isdigit():
             numbers.append(int(name[:-5]))
@@ -192,16 +186,16 @@ class Worker:
     # -- queue -------------------------------------------------------------------------------------------
     def queued(self) -> list[str]:
         ids = []
-        for info in self.root.list(QUEUE):
-            rest = info.key[len(QUEUE) + 1 :]
+        for info in self.root.list(layout.ROOT_QUEUE):
+            rest = info.key[len(layout.ROOT_QUEUE) + 1 :]
             if "/" not in rest and rest.endswith(".yaml"):
                 ids.append(rest[: -len(".yaml")])
         return sorted(ids)
 
     def _move(self, job_id: str, folder: str, text: bytes, why: str, suffix: str) -> None:
-        self.root.put_bytes(entry_key(job_id, folder), text)
-        self.root.put_bytes(join_key(QUEUE, folder, f"{job_id}.{suffix}.txt"), why.encode())
-        self.root.delete(entry_key(job_id))
+        self.root.put_bytes(layout.queue_entry(job_id, folder), text)
+        self.root.put_bytes(layout.queue_note(job_id, folder, f"{suffix}.txt"), why.encode())
+        self.root.delete(layout.queue_entry(job_id))
 
     def try_claim(self, job_id: str) -> Claim | None:
         """Claim the job if nobody holds a live claim on it; None otherwise."""
@@ -233,7 +227,7 @@ class Worker:
 
     def run_one(self, job_id: str) -> bool:
         """Validate, claim and run one queued job. True if this worker ran (or rejected) it."""
-        key = entry_key(job_id)
+        key = layout.queue_entry(job_id)
         try:
             text = self.root.get_bytes(key)
         except ObjectNotFound:

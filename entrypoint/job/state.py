@@ -17,14 +17,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from entrypoint.errors import Conflict, InvalidInput
-from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store, join_key
+from entrypoint.job import layout
+from entrypoint.store import ObjectExists, ObjectNotFound, PrefixedStore, Store
 from entrypoint.store.objects import CorruptObject, read_json
 from jobspec.compare import locate
 from jobspec.load import LoadedSpec, SpecError, parse_spec
 from jobspec.schema import JOB_ID_PATTERN
 
 __all__ = [
-    "BASE_MODEL_KEY",
     "Continued",
     "PHASE_NAMES",
     "JobConflict",
@@ -33,19 +33,13 @@ __all__ = [
     "freeze_spec",
     "job_store",
     "jsonl_lines",
-    "phase_result_key",
-    "progress_key",
     "read_json",
     "read_jsonl",
-    "rank_result_key",
     "read_result",
     "stored_spec",
     "to_jsonl",
-    "tracking_key",
-    "trial_result_key",
 ]
 
-BASE_MODEL_KEY = "base_model.json"  # the base model's hashes, recorded by the job's first use of it
 
 # The phases in the order the runner runs them (runner.PHASES binds each name to its module).
 PHASE_NAMES = ("data", "baseline", "probe", "train", "evaluate", "test", "verify", "report", "export")
@@ -63,36 +57,7 @@ def job_store(root: Store, job_id: str) -> Store:
             f"job id {job_id!r}: expected what a spec's job.id can be: 1 to 63 lowercase letters, digits, '-' "
             "or '_', starting with a letter or digit"
         )
-    return PrefixedStore(root, join_key("jobs", job_id))
-
-
-def phase_result_key(phase: str) -> str:
-    return f"phases/{phase}/result.json"
-
-
-def trial_result_key(trial_id: str) -> str:
-    return f"trials/{trial_id}/result.json"
-
-
-def tracking_key(trial_id: str) -> str:
-    """The trial's run ids in each tracker of the spec's `tracking:` (entrypoint/tracking)."""
-    return f"trials/{trial_id}/tracking.json"
-
-
-def commit_status_key(trial_id: str) -> str:
-    """Where a trial's failing streak of background checkpoint commits is recorded (for `rentune status`)."""
-    return f"trials/{trial_id}/commit-status.json"
-
-
-def progress_key(trial_id: str) -> str:
-    """The step a trial's training has reached, written every PROGRESS_EVERY_S (entrypoint/training/trainer.py)
-    with the interruptions seen so far: what a resumed process counts as lost."""
-    return f"trials/{trial_id}/progress.json"
-
-
-def rank_result_key(trial_id: str) -> str:
-    """Written by torchrun's rank 0 for the launching process."""
-    return f"trials/{trial_id}/train_result.json"
+    return PrefixedStore(root, layout.root_job(job_id))
 
 
 def dumps(obj: Any) -> bytes:
@@ -127,7 +92,7 @@ def read_jsonl(data: bytes, name: str = "<jsonl>") -> list[dict]:
 def read_result(store: Store, phase: str) -> dict | None:
     """A phase's committed result, or None when the phase has not committed."""
     try:
-        return read_json(store, phase_result_key(phase))
+        return read_json(store, layout.phase_result(phase))
     except ObjectNotFound:
         return None
 
@@ -137,7 +102,7 @@ def freeze_spec(store: Store, loaded: LoadedSpec) -> Continued:
     comments, formatting and locations (jobspec/compare.py), and in nothing else: any other difference is
     refused (JobConflict naming every field), never overwritten."""
     try:
-        store.put_if_absent("spec.yaml", loaded.text.encode())
+        store.put_if_absent(layout.SPEC, loaded.text.encode())
         return Continued(loaded, {}, {})
     except ObjectExists:
         return continue_spec(store, loaded)
@@ -192,7 +157,7 @@ def stored_spec(store: Store) -> LoadedSpec:
     Raises ObjectNotFound, or CorruptObject naming the object when it is no longer a valid spec."""
     where = f"{store.uri}/spec.yaml"
     try:
-        return parse_spec(store.get_bytes("spec.yaml").decode("utf-8"), source=where)
+        return parse_spec(store.get_bytes(layout.SPEC).decode("utf-8"), source=where)
     except UnicodeDecodeError as exc:
         problem = f"{where}: not UTF-8 (byte {exc.start})"
         raise CorruptObject(f"{problem}; expected the spec frozen at the job's start") from None

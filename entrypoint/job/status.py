@@ -12,18 +12,16 @@ from __future__ import annotations
 import time
 
 from entrypoint.errors import InvalidInput
+from entrypoint.job import layout
 from entrypoint.job.attempts import attempt_numbers
 from entrypoint.job.lease import lease_account, lease_lines
-from entrypoint.job.queue import CANCELLED, FAILED, REJECTED, entry_key
+from entrypoint.job.queue import CANCELLED, FAILED, REJECTED
 from entrypoint.job.state import (
     PHASE_NAMES,
-    commit_status_key,
     job_store,
     read_json,
     read_result,
     stored_spec,
-    tracking_key,
-    trial_result_key,
 )
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.store.checkpoint import MANIFEST, checkpoint_prefix, list_steps
@@ -69,16 +67,16 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
     try:
         spec = stored_spec(store).spec
     except ObjectNotFound:
-        if root.head(entry_key(job_id)) is not None:
-            return f"job {job_id}: queued in {root.uri}/{entry_key(job_id)}, waiting for a worker"
+        if root.head(layout.queue_entry(job_id)) is not None:
+            return f"job {job_id}: queued in {root.uri}/{layout.queue_entry(job_id)}, waiting for a worker"
         for outcome in (REJECTED, FAILED, CANCELLED):
-            key = entry_key(job_id, outcome)
+            key = layout.queue_entry(job_id, outcome)
             if root.head(key) is not None:
                 if outcome == CANCELLED:
                     return f"job {job_id}: cancelled before a worker started it; its spec: {root.uri}/{key}"
                 return f"job {job_id}: {outcome}, see {root.uri}/{key.removesuffix('.yaml')}.*.txt"
         raise JobNotFound(f"{store.uri}: no job {job_id!r} in this store") from None
-    plan = _json(store, "plan.json")
+    plan = _json(store, layout.PLAN)
     lines = [f"job {job_id} ({spec.hypothesis.task}) in {store.uri}"]
     if plan:
         lines.append(
@@ -125,13 +123,13 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
     evaluated = read_result(store, "evaluate") or {"trials": {}}
     lines += ["", f"{'trial':<20} {'status':<10} {'steps':>7}  reason"]
     for trial in resolve_trials(spec):
-        record = _json(store, trial_result_key(trial.id))
+        record = _json(store, layout.trial_result(trial.id))
         if record is None:
             steps = list_steps(store, checkpoint_prefix(trial.id))
             committed = [step for step, names in steps.items() if MANIFEST in names]  # no manifest, no commit
             state, shown = ("training", f"{max(committed)}*") if committed else ("pending", "-")
             lines.append(f"{trial.id:<20} {state:<10} {shown:>7}")
-            failing = _json(store, commit_status_key(trial.id))
+            failing = _json(store, layout.trial_commit_status(trial.id))
             if failing and failing.get("failures_in_a_row"):
                 lines.append(
                     f"{'':<20} checkpoint commits failing: {failing['failures_in_a_row']} in a row, the last at "
@@ -143,7 +141,7 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         scored = evaluated["trials"].get(trial.id, {})
         if (scored.get("hypothesis") or {}).get("interval"):  # not a point verdict of an earlier rentune
             lines.append(f"{'':<20} eval: {_verdict(scored)}")
-        runs = _json(store, tracking_key(trial.id)) if spec.tracking.enabled else None
+        runs = _json(store, layout.trial_tracking(trial.id)) if spec.tracking.enabled else None
         if runs:
             lines.append(f"{'':<20} tracking: {_runs(runs)}")
     lines.append("(* = newest committed checkpoint)")
@@ -152,8 +150,8 @@ def render_status(root: Store, job_id: str, now: float | None = None) -> str:
         lines.append(f"sealed test, {tested['selected']}: {_verdict(tested)}")
     lines += ["", "attempts:"]
     for n in attempt_numbers(store):
-        started = _json(store, f"attempts/{n}/started.json") or {}
-        ended = _json(store, f"attempts/{n}/ended.json")
+        started = _json(store, layout.attempt_started(n)) or {}
+        ended = _json(store, layout.attempt_ended(n))
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started.get("started_at", 0)))
         if ended is None:
             outcome = "running, or killed (no end record yet)"

@@ -30,9 +30,12 @@ from entrypoint.data.images import (
 from entrypoint.data.parts import DataParts, Leaks
 from entrypoint.data.reading import DataError
 from entrypoint.data.split import SPLIT_VERSION, SPLITS
+from entrypoint.job import layout
 from jobspec.schema import JobSpec
 
 __all__ = ["ImageData", "target_size"]
+
+GRID = "inspection_grid.png"  # the data phase's picture of the transformed examples, under phases/data/
 
 
 class ImageData:
@@ -89,7 +92,7 @@ class ImageData:
         }
         for name, rows in splits.items():
             for row, entry in zip(rows, canonical[name], strict=True):
-                key = f"phases/data/images/{entry['image']}"
+                key = layout.data_image(entry["image"])
                 if store.head(key) is None:  # content-addressed: the same image is stored once
                     store.put_file(key, Path(row["path"]))
         return canonical
@@ -138,9 +141,9 @@ class ImageData:
             "categories": categories,
             "after_transform": transformed,
             "examples": examples,
-            "grid": "phases/data/inspection_grid.png (one row per category, transformed examples, denormalised)",
+            "grid": f"{layout.data_file(GRID)} (one row per category, transformed examples, denormalised)",
         }
-        return inspection, _markdown(inspection), {"inspection_grid.png": grid_png(grid)}
+        return inspection, _markdown(inspection), {GRID: grid_png(grid)}
 
     def fetch(self, store, rows: list[dict], workdir: Path) -> list[dict]:
         """Rows with "path": each image downloaded into the work dir (its sha256 checked), so that any node
@@ -150,9 +153,9 @@ class ImageData:
         for row in rows:
             local = folder / row["image"]
             if not local.is_file():
-                data = store.get_bytes(f"phases/data/images/{row['image']}")
+                data = store.get_bytes(layout.data_image(row["image"]))
                 if hashlib.sha256(data).hexdigest() != row["sha256"]:
-                    raise ValueError(f"phases/data/images/{row['image']}: content does not match its sha256")
+                    raise ValueError(f"{layout.data_image(row['image'])}: content does not match its sha256")
                 # a unique temp name: the ranks of a torchrun job share this folder
                 handle, partial = tempfile.mkstemp(dir=folder, suffix=".partial")
                 with os.fdopen(handle, "wb") as out:

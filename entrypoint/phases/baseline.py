@@ -18,6 +18,7 @@ from __future__ import annotations
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import power, power_lines
 from entrypoint.evaluation.verdict import guardrail_names
+from entrypoint.job import layout
 from entrypoint.job.state import to_jsonl
 from entrypoint.trial.evaluate import baseline_outputs, split_config
 
@@ -33,11 +34,11 @@ def run(ctx: PhaseContext) -> dict:
     guardrail_names(ctx.spec.guardrails, report["metrics"])
     config = {**split_config(ctx, "eval"), "baseline": baseline.method}
     ctx.store.put_bytes(
-        "phases/baseline/predictions.jsonl",
+        layout.BASELINE_PREDICTIONS,
         to_jsonl({**row, "output": o} for row, o in zip(rows, baseline.outputs, strict=True)),
     )
-    ctx.write_json("phases/baseline/eval_config.json", config)
-    ctx.write_json("phases/baseline/metrics.json", report)
+    ctx.write_json(layout.BASELINE_EVAL_CONFIG, config)
+    ctx.write_json(layout.BASELINE_METRICS, report)
     metric = ctx.spec.hypothesis.metric
     ctx.log(
         f"baseline: {baseline.method['method']} {metric} {report['metrics'][metric]:.3f} on {report['n']} eval examples"

@@ -40,6 +40,7 @@ from entrypoint.data.tokens import (
     write_tokens,
 )
 from entrypoint.evaluation.seal import check_seal
+from entrypoint.job import layout
 from entrypoint.job.state import to_jsonl
 from entrypoint.kinds import encoder_for
 
@@ -71,7 +72,7 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     splits, summary = apply_leak_policy(
         data.leaks, splits, leaks.found, leaks.shown, leaks.method, leaks.threshold, ctx.log
     )
-    ctx.write_json("phases/data/leaks.json", summary)
+    ctx.write_json(layout.DATA_LEAKS, summary)
     refuse_failing(summary)
     labels = check_categories(splits, data.labels)
 
@@ -79,7 +80,7 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     written = {name: write_jsonl(rows, folder / f"split-{name}.jsonl") for name, rows in canonical.items()}
     check_seal(ctx, written["test"])  # before any compute is spent
     for name, sha256 in written.items():
-        if ctx.store.put_file(f"phases/data/{name}.jsonl", folder / f"split-{name}.jsonl") != sha256:
+        if ctx.store.put_file(layout.data_split(name), folder / f"split-{name}.jsonl") != sha256:
             raise RuntimeError(f"data: {folder}/split-{name}.jsonl changed while it was uploaded; run the job again")
 
     processor = kind.model.processor(ctx.model_dir)
@@ -89,15 +90,15 @@ def _run(ctx: PhaseContext, parts: DataParts, folder: Path) -> dict:
     inspection, markdown, files = side.inspect(processor, splits, labels, encoded)
     smoke = smoke_pass(ctx, processor, splits, labels, encoded)
     for name, content in files.items():
-        ctx.store.put_bytes(f"phases/data/{name}", content)
+        ctx.store.put_bytes(layout.data_file(name), content)
     if "chat_template_sha256" in recipe:
         markdown += chat_markdown(recipe)
     untrainable = parts.summary.get("untrainable")
     if untrainable is not None:
         inspection["untrainable"] = untrainable
         markdown += untrainable_markdown(untrainable, ctx.spec.model.max_length)
-    ctx.write_json("phases/data/inspection.json", {**inspection, "smoke": smoke})
-    ctx.store.put_bytes("phases/data/inspection.md", (markdown + smoke_markdown(smoke)).encode())
+    ctx.write_json(layout.DATA_INSPECTION_JSON, {**inspection, "smoke": smoke})
+    ctx.store.put_bytes(layout.DATA_INSPECTION_MD, (markdown + smoke_markdown(smoke)).encode())
 
     lengths = inspection.get("lengths", {})
     ctx.log(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import judge, versus
+from entrypoint.job import layout
 from entrypoint.job.state import read_jsonl, to_jsonl
 from entrypoint.trial.evaluate import evaluate_trial, split_config
 
@@ -40,14 +41,14 @@ def run(ctx: PhaseContext) -> dict:
     spec, task = ctx.spec, ctx.kind.task
     trials = ctx.result("train")["trials"]
     config = split_config(ctx, "eval")
-    baseline_outputs = [r["output"] for r in read_jsonl(ctx.store.get_bytes("phases/baseline/predictions.jsonl"))]
+    baseline_outputs = [r["output"] for r in read_jsonl(ctx.store.get_bytes(layout.BASELINE_PREDICTIONS))]
     baseline, results, tally_of = None, {}, {}
     for trial_id, summary in trials.items():
         if not summary.get("evaluable"):
             results[trial_id] = {"status": summary["status"], "reason": summary["reason"]}
             continue
         rows, outputs, report = evaluate_trial(ctx, trial_id, "eval")
-        at_end = [r["output"] for r in read_jsonl(ctx.store.get_bytes(f"trials/{trial_id}/eval_outputs_at_end.jsonl"))]
+        at_end = [r["output"] for r in read_jsonl(ctx.store.get_bytes(layout.trial_outputs_at_end(trial_id)))]
         disagree = sum(a != b for a, b in zip(outputs, at_end, strict=True))
         if disagree > MAX_DISAGREEMENT * len(rows):
             raise EvaluationMismatch(
@@ -55,7 +56,7 @@ def run(ctx: PhaseContext) -> dict:
                 f"on {disagree} of {len(rows)} eval examples (allowed: {MAX_DISAGREEMENT:.0%}); the checkpoint is "
                 "not trustworthy"
             )
-        prefix = f"trials/{trial_id}/eval"
+        prefix = layout.trial_eval(trial_id)
         ctx.store.put_bytes(
             f"{prefix}/predictions.jsonl", to_jsonl({**row, "output": o} for row, o in zip(rows, outputs, strict=True))
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import Interrupted
+from entrypoint.job import layout
 from entrypoint.trial.export import (
     clear_merged,
     export_adapter,
@@ -54,5 +55,5 @@ def run(ctx: PhaseContext) -> dict:
             f"export: merged model parity {m['parity']}: {m['metric']} {m['merged']:.4f} merged vs "
             f"{m['adapter']:.4f} adapter; {m['equal_outputs']} eval answers identical"
         )
-    verdict = ctx.read_json("report/results.json")["verdict"]
+    verdict = ctx.read_json(layout.RESULTS)["verdict"]
     return {"binding": binding, "trial_id": trial_id, "verdict": verdict}

@@ -48,6 +48,7 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.encoding import IGNORE_INDEX
 from entrypoint.data.packing import pack, step_rows, to_device
 from entrypoint.data.tokens import features_of, full_lengths, token_counts
+from entrypoint.job import layout
 from entrypoint.job.heartbeat import Heartbeat
 from entrypoint.training.memory import OutOfMemory, PeakMemory, estimate_step, is_oom
 from entrypoint.training.paramcheck import ParameterCheck
@@ -73,7 +74,6 @@ TYPICAL_STEPS = (8, 32)
 TYPICAL_SECONDS = 10.0
 EVAL_BATCHES = (4, 16)  # eval-loss batches timed: at least 4 and EVAL_SECONDS of them (or all), at most 16
 EVAL_SECONDS = 3.0
-STORE_CHECK_KEY = "phases/probe/store-check.bin"  # put and deleted at once: the store's throughput
 
 
 @dataclass
@@ -323,10 +323,10 @@ def _checkpoint_cost(ctx: PhaseContext, model, optimizer) -> dict:
     started = time.perf_counter()
     torch.save({"weights": trainable, "optimizer": optimizer.state_dict()}, path)
     saved = time.perf_counter()
-    ctx.store.put_file(STORE_CHECK_KEY, path)
+    ctx.store.put_file(layout.PROBE_STORE_CHECK, path)
     put = time.perf_counter() - saved
     size = path.stat().st_size
-    ctx.store.delete(STORE_CHECK_KEY)
+    ctx.store.delete(layout.PROBE_STORE_CHECK)
     path.unlink()
     return {
         "bytes": size,

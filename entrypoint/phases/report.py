@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import InvalidInput
+from entrypoint.job import layout
 from entrypoint.job.attempts import previous_attempts
 from entrypoint.job.lease import lease_account
-from entrypoint.job.state import dumps, trial_result_key
+from entrypoint.job.state import dumps
 from entrypoint.report.markdown import render_markdown
 from entrypoint.report.plots import category_bars_png, loss_curves_png
 from entrypoint.report.results import Results, bar_family, build_results
-from entrypoint.tracking import RunRef, open_tracking, stored_ids, tracking_key
+from entrypoint.tracking import RunRef, open_tracking, stored_ids
 from entrypoint.training.environment import environment
 
 __all__ = ["run"]
@@ -25,14 +26,14 @@ def run(ctx: PhaseContext) -> dict:
     if "runner_up" not in evaluated or "comparison" not in test:
         raise InvalidInput(
             "report: phases/evaluate and phases/test were committed by an earlier rentune that compared point "
-            "estimates; their stored predictions remain. Delete phases/evaluate/result.json and "
-            "phases/test/result.json (and the test's seal, sealed-tests/..., or pass --reopen-test) to judge them "
-            "again with intervals, or run the spec under a new job.id"
+            f"estimates; their stored predictions remain. Delete {layout.phase_result('evaluate')} and "
+            f"{layout.phase_result('test')} (and the test's seal, sealed-tests/..., or pass --reopen-test) to judge "
+            "them again with intervals, or run the spec under a new job.id"
         )
 
-    records = {t: ctx.read_json(trial_result_key(t)) for t in train["order"]}
+    records = {t: ctx.read_json(layout.trial_result(t)) for t in train["order"]}
     configs = {
-        t: ctx.read_json(f"trials/{t}/eval/eval_config.json") if "metrics" in evaluated["trials"][t] else None
+        t: ctx.read_json(layout.trial_eval(t, "eval_config.json")) if "metrics" in evaluated["trials"][t] else None
         for t in train["order"]
     }
     committed = {"data": ctx.data_result, "baseline": baseline, "train": train, "evaluate": evaluated, "test": test}
@@ -71,7 +72,7 @@ def run(ctx: PhaseContext) -> dict:
     local = ctx.workdir / "report"
     local.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        ctx.store.put_bytes(f"report/{name}", data)
+        ctx.store.put_bytes(layout.report_file(name), data)
         (local / name).write_bytes(data)
     ctx.log(f"report: {ctx.store.uri}/report/report.md ({len(results['limitations'])} limitations noted)")
     _track(ctx, results, [local / name for name in files if name != "results.schema.json"])
@@ -116,4 +117,4 @@ def _track(ctx: PhaseContext, results: dict, files: list) -> None:
         tracking.summary(summary)
         tracking.files(files)
         reported.update(tracking.close(finished=True))
-        ctx.store.put_bytes(tracking_key(trial["id"]), dumps({**tracking.ids, "reported": sorted(reported)}))
+        ctx.store.put_bytes(layout.trial_tracking(trial["id"]), dumps({**tracking.ids, "reported": sorted(reported)}))

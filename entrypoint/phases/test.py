@@ -9,6 +9,7 @@ import hashlib
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import judge
 from entrypoint.evaluation.seal import open_seal
+from entrypoint.job import layout
 from entrypoint.job.state import to_jsonl
 from entrypoint.trial.evaluate import baseline_outputs, evaluate_trial, split_config
 
@@ -18,7 +19,7 @@ __all__ = ["run"]
 def run(ctx: PhaseContext) -> dict:
     spec, task = ctx.spec, ctx.kind.task
     selected = ctx.result("evaluate")["selected"]
-    test_sha256 = hashlib.sha256(ctx.store.get_bytes("phases/data/test.jsonl")).hexdigest()
+    test_sha256 = hashlib.sha256(ctx.store.get_bytes(layout.TEST_SPLIT)).hexdigest()
     override = open_seal(ctx, test_sha256, selected)
 
     rows = ctx.read_split("test")
@@ -27,14 +28,14 @@ def run(ctx: PhaseContext) -> dict:
     _, outputs, report = evaluate_trial(ctx, selected, "test")
     config = split_config(ctx, "test")
     ctx.store.put_bytes(
-        "phases/test/predictions.jsonl",
+        layout.TEST_PREDICTIONS,
         to_jsonl(
             {**row, "baseline_output": b, "output": o}
             for row, b, o in zip(rows, untouched.outputs, outputs, strict=True)
         ),
     )
-    ctx.write_json("phases/test/eval_config.json", {**config, "baseline": untouched.method})
-    ctx.write_json("phases/test/metrics.json", {"baseline": baseline, selected: report})
+    ctx.write_json(layout.TEST_EVAL_CONFIG, {**config, "baseline": untouched.method})
+    ctx.write_json(layout.TEST_METRICS, {"baseline": baseline, selected: report})
     base, trial = task.tally(rows, untouched.outputs, ctx.labels), task.tally(rows, outputs, ctx.labels)
     with ctx.timed("judge"):
         judged = judge(spec, rows, base, trial)

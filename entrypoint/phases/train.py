@@ -25,9 +25,10 @@ import torch
 
 from entrypoint.context import PhaseContext
 from entrypoint.errors import Interrupted, signal_name
+from entrypoint.job import layout
 from entrypoint.job.launches import announce_launch, end_launch
 from entrypoint.job.plan import store_plan
-from entrypoint.job.state import dumps, rank_result_key, trial_result_key
+from entrypoint.job.state import dumps
 from entrypoint.store import ObjectExists, ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, list_steps
 from entrypoint.training.distributed import (
@@ -53,7 +54,7 @@ def run(ctx: PhaseContext) -> dict:
     n_train = ctx.result("probe").get("train_rows") or len(ctx.read_split("train"))
     summary = {}
     for trial in trials:
-        key = trial_result_key(trial.id)
+        key = layout.trial_result(trial.id)
         try:
             record = ctx.read_json(key)
             ctx.log(f"train: trial {trial.id} already {record['status']}, skipping")
@@ -155,7 +156,7 @@ def _run_trial(ctx: PhaseContext, trial: Trial, main: Trial, n_train: int) -> di
 def _launch(ctx: PhaseContext, trial: Trial) -> dict:
     """Run this trial in `nproc_per_node` torchrun ranks and return rank 0's result."""
     distribution = ctx.spec.distribution
-    ctx.store.delete(rank_result_key(trial.id))
+    ctx.store.delete(layout.trial_rank_result(trial.id))
     shutil.rmtree(ctx.workdir / "ranks", ignore_errors=True)
     rank_args = [*ctx.store_args, "--workdir", str(ctx.workdir / "ranks"), "--trial", trial.id]
     launch = announce_launch(ctx.store, trial.id, ctx.attempt) if distribution.nnodes > 1 else None
@@ -174,11 +175,11 @@ def _launch(ctx: PhaseContext, trial: Trial) -> dict:
             stopped,
         )
     try:
-        result = ctx.read_json(rank_result_key(trial.id))
+        result = ctx.read_json(layout.trial_rank_result(trial.id))
     except ObjectNotFound:
         result = None
     if code != 0 and not (result and result.get("status") == "invalid"):  # a rank's OOM stops torchrun too
         raise RuntimeError(f"train: torchrun exited with code {code}; the ranks' output above says why")
     if result is None:
-        raise RuntimeError(f"train: torchrun exited 0 but rank 0 wrote no {rank_result_key(trial.id)}")
+        raise RuntimeError(f"train: torchrun exited 0 but rank 0 wrote no {layout.trial_rank_result(trial.id)}")
     return {**result, "launcher": "torchrun", "processes": distribution.nproc_per_node * distribution.nnodes}

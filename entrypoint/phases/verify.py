@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from entrypoint.context import PhaseContext
+from entrypoint.job import layout
 from entrypoint.job.state import read_jsonl
 from entrypoint.store import StoreError
 from entrypoint.store.checkpoint import checkpoint_prefix
@@ -44,7 +45,7 @@ def _checkpoint_bytes(ctx: PhaseContext, trial_id: str) -> int | None:
 
 def run(ctx: PhaseContext) -> dict:
     selected = ctx.result("evaluate")["selected"]
-    ctx.store.delete("phases/verify/fresh_process.json")
+    ctx.store.delete(layout.VERIFY_FRESH_PROCESS)
     command = [
         sys.executable,
         "-m",
@@ -68,11 +69,9 @@ def run(ctx: PhaseContext) -> dict:
             f"verify: the fresh process failed (exit {done.returncode}): {last_error_line(done)} (its whole "
             "stderr is in the attempt's log); nothing is exported"
         )
-    fresh = ctx.read_json("phases/verify/fresh_process.json")
+    fresh = ctx.read_json(layout.VERIFY_FRESH_PROCESS)
     rows = ctx.read_split("eval")
-    at_end_outputs = [
-        r["output"] for r in read_jsonl(ctx.store.get_bytes(f"trials/{selected}/eval_outputs_at_end.jsonl"))
-    ]
+    at_end_outputs = [r["output"] for r in read_jsonl(ctx.store.get_bytes(layout.trial_outputs_at_end(selected)))]
     at_end = ctx.kind.task.score(rows, at_end_outputs, ctx.labels)["metrics"]
     differences = {name: abs(fresh["metrics"][name] - value) for name, value in at_end.items()}
     worst = max(differences, key=differences.get)

@@ -14,10 +14,10 @@ import shutil
 import sys
 
 from entrypoint.context import subprocess_context
+from entrypoint.job import layout
 from entrypoint.job.state import dumps
 from entrypoint.store import get_tree
 from entrypoint.training.lifeline import die_with_parent
-from entrypoint.trial.export import PARITY_KEY
 from entrypoint.trial.parity import parity
 
 
@@ -31,12 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     folders = {name: ctx.workdir / name for name in ("adapter", "merged")}
     for name, folder in folders.items():
         shutil.rmtree(folder, ignore_errors=True)
-        get_tree(ctx.store, f"export/{name}", folder)
+        get_tree(ctx.store, layout.export_file(name), folder)
         if not any(folder.iterdir()):
             print(f"parity: export/{name}/ is empty in the store", file=sys.stderr, flush=True)
             return 1
     result = parity(ctx, trial_id, folders["adapter"], folders["merged"], log)
-    ctx.store.put_bytes(PARITY_KEY, dumps(result))
+    ctx.store.put_bytes(layout.PARITY, dumps(result))
     for folder in folders.values():
         shutil.rmtree(folder, ignore_errors=True)
     return 0

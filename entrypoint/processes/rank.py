@@ -15,7 +15,8 @@ import sys
 
 from entrypoint.context import subprocess_context
 from entrypoint.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted
-from entrypoint.job.state import dumps, rank_result_key
+from entrypoint.job import layout
+from entrypoint.job.state import dumps
 from entrypoint.store import ObjectExists
 from entrypoint.training.disk import disk_full
 from entrypoint.training.distributed import node_rank, rank
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _out_of_memory(ctx, trial_id, me, exc)
     if me == 0:
-        ctx.store.put_bytes(rank_result_key(trial_id), dumps(result))
+        ctx.store.put_bytes(layout.trial_rank_result(trial_id), dumps(result))
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():  # a clean teardown; DeepSpeed on gloo can abort without
@@ -66,7 +67,7 @@ def _out_of_memory(ctx, trial_id: str, me: int, exc: BaseException) -> int:
     print(f"rentune: {reason}", flush=True)
     record = {"status": "invalid", "reason": reason, "evaluable": False}
     with contextlib.suppress(ObjectExists):
-        ctx.store.put_if_absent(rank_result_key(trial_id), dumps(record))
+        ctx.store.put_if_absent(layout.trial_rank_result(trial_id), dumps(record))
     return EXIT_FAILED
 
 

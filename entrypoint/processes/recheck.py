@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from entrypoint.context import subprocess_context
+from entrypoint.job import layout
 from entrypoint.job.state import dumps
 from entrypoint.training.lifeline import die_with_parent
 from entrypoint.trial.recheck import RecheckError, recheck
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecheckError as exc:
         print(f"verify: {exc}", file=sys.stderr, flush=True)
         return 1
-    ctx.store.put_bytes("phases/verify/fresh_process.json", dumps(result))
+    ctx.store.put_bytes(layout.VERIFY_FRESH_PROCESS, dumps(result))
     return 0
 
 

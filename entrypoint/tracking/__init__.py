@@ -27,7 +27,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from entrypoint.job.state import dumps, tracking_key
+from entrypoint.job import layout
+from entrypoint.job.state import dumps
 from entrypoint.store import ObjectNotFound, Store
 from entrypoint.store.objects import CorruptObject, read_json
 from entrypoint.tracking.base import RunRef, Tracker
@@ -42,7 +43,6 @@ __all__ = [
     "spec_params",
     "step_metrics",
     "stored_ids",
-    "tracking_key",
 ]
 
 # The Trainer's log entry keys (plus the two rentune adds: tokens_per_s, memory_gb) -> tracker metric names.
@@ -155,7 +155,7 @@ def stored_ids(store: Store, trial_id: str, log: Callable[[str], None]) -> dict 
     """The trial's run ids (trials/<id>/tracking.json), or None: not written yet, or unreadable (a warning:
     the trial's tracking starts new runs rather than fail the job)."""
     try:
-        return json.loads(json.dumps(read_json(store, tracking_key(trial_id))))  # plain dicts
+        return json.loads(json.dumps(read_json(store, layout.trial_tracking(trial_id))))  # plain dicts
     except ObjectNotFound:
         return None
     except CorruptObject as exc:
@@ -173,7 +173,7 @@ def open_tracking(
     """Open (or continue) the trial's run in each tracker the spec enables (of them, those in `only`) and
     store their ids in trials/<id>/tracking.json. `fallback_ids`: the ids a resumed checkpoint's manifest
     carries, used when the trial's tracking.json is missing."""
-    key = tracking_key(run.trial_id)
+    key = layout.trial_tracking(run.trial_id)
     stored = stored_ids(run.store, run.trial_id, log) or dict(fallback_ids or {})
     ids = dict(stored)
     trackers: list[Tracker] = []

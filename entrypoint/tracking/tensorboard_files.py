@@ -14,6 +14,7 @@ import threading
 import uuid
 from pathlib import Path
 
+from entrypoint.job import layout
 from entrypoint.tracking.base import RunRef
 
 __all__ = ["CLOSE_WAIT_S", "FAILED_COPIES", "TensorBoardFiles"]
@@ -37,7 +38,7 @@ class TensorBoardFiles:
     def open(self, run: RunRef, ids: dict | None) -> dict:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-        self.store, self.prefix = run.store, f"trials/{run.trial_id}/tensorboard"
+        self.store, self.prefix = run.store, layout.trial_tensorboard(run.trial_id)
         self.folder = run.scratch / "tensorboard" / run.trial_id / uuid.uuid4().hex[:8]  # this process's files
         self.folder.mkdir(parents=True)
         purge = 1 if run.phase == "train" else None

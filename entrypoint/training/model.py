@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from entrypoint.errors import InvalidInput
-from entrypoint.job.state import BASE_MODEL_KEY, dumps, read_json
+from entrypoint.job import layout
+from entrypoint.job.state import dumps, read_json
 from entrypoint.store import ObjectExists, ObjectNotFound, Store
 from entrypoint.store.hashing import file_sha256, file_signature, files_sha256_memo, weights_sha256
 from entrypoint.store.models import ModelMismatch, hash_memo
@@ -201,18 +202,18 @@ def match_base_model(store: Store, spec, model_dir: Path, record: bool) -> None:
     per process (hash_base_model caches)."""
     mine = hash_base_model(model_dir)
     entry = {"sha256": mine.sha256, "files": mine.files, "source": spec.model.model_dump(exclude_none=True)}
-    if record and spec.adaptation.quantization is not None and store.head(BASE_MODEL_KEY) is None:
+    if record and spec.adaptation.quantization is not None and store.head(layout.BASE_MODEL) is None:
         from entrypoint.training.quantize import first_record
 
         entry["quantized"] = first_record(spec, model_dir, SAFE_LOADING)  # every later load compares with it
     if record:
         try:
-            store.put_if_absent(BASE_MODEL_KEY, dumps(entry))
+            store.put_if_absent(layout.BASE_MODEL, dumps(entry))
             return
         except ObjectExists:  # an earlier process recorded it: compare
             pass
     try:
-        recorded = read_json(store, BASE_MODEL_KEY)
+        recorded = read_json(store, layout.BASE_MODEL)
     except ObjectNotFound:  # nothing recorded yet (record=False): the lead records it first
         return
     if recorded.get("sha256") == mine.sha256:

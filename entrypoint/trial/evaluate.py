@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.procedure import eval_config
-from entrypoint.job.state import trial_result_key
+from entrypoint.job import layout
 from entrypoint.kinds import Baseline
 from entrypoint.store import get_tree
 from entrypoint.training.model import hash_base_model
@@ -50,10 +50,10 @@ def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[d
     Returns rows, outputs, report; the report's `observed` says what the evaluation really used (device,
     weights dtype, split bytes)."""
     side = ctx.kind.model
-    record = ctx.read_json(trial_result_key(trial_id))
+    record = ctx.read_json(layout.trial_result(trial_id))
     weights = ctx.workdir / "evaluate" / trial_id
     shutil.rmtree(weights, ignore_errors=True)
-    get_tree(ctx.store, f"trials/{trial_id}/final", weights)
+    get_tree(ctx.store, layout.trial_final(trial_id), weights)
     with ctx.timed("load"):  # what the plan predicts the later phases from (entrypoint/job/plan.py)
         model = side.load(ctx.model_dir, ctx.labels, trial_adaptation(record), trained=weights)
     ctx.count("loads")
@@ -66,7 +66,7 @@ def evaluate_trial(ctx: PhaseContext, trial_id: str, split: str) -> tuple[list[d
         "device": ctx.device.type,
         "weights_dtype": str(next(model.parameters()).dtype),
         "examples": len(rows),
-        "split_sha256": hashlib.sha256(ctx.store.get_bytes(f"phases/data/{split}.jsonl")).hexdigest(),
+        "split_sha256": hashlib.sha256(ctx.store.get_bytes(layout.data_split(split))).hexdigest(),
         "processor": type(processor).__name__,
     }
     return rows, outputs, {**ctx.kind.task.score(rows, outputs, ctx.labels), "observed": observed}

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from entrypoint.context import PhaseContext
-from entrypoint.job.state import trial_result_key
+from entrypoint.job import layout
 from entrypoint.report.binding import KWARGS_FILE
 from entrypoint.report.serving import ollama_modelfile, serving_guide, vllm_readiness
 from entrypoint.store import ObjectNotFound, get_tree
@@ -43,7 +43,6 @@ from entrypoint.training.quantize import dequantized, quantized_base
 from entrypoint.trial.evaluate import trial_adaptation
 
 __all__ = [
-    "PARITY_KEY",
     "MergeFailed",
     "adapter_files",
     "clear_merged",
@@ -53,7 +52,6 @@ __all__ = [
     "write_binding",
 ]
 
-PARITY_KEY = "phases/export/parity.json"  # the parity process's record; export/parity.json is its copy
 SERVING_FILES = ("Modelfile", "parity.json", "SERVING.md")  # under export/, written by finish_export
 LABELS_FILE = "labels.json"  # under export/, a classifier's labels in training order (finish_export)
 
@@ -69,9 +67,9 @@ def _digest(data: bytes) -> dict:
 def export_adapter(ctx: PhaseContext, trial_id: str) -> dict[str, dict]:
     """Copy the selected trial's weights, the spec and the report under export/; returns the files written
     (name relative to export/ -> size, sha256)."""
-    source = f"trials/{trial_id}/final"
+    source = layout.trial_final(trial_id)
     copies = {f"adapter/{info.key[len(source) + 1 :]}": info.key for info in ctx.store.list(source)}
-    copies |= {"spec.yaml": "spec.yaml", "results.json": "report/results.json", "report.md": "report/report.md"}
+    copies |= {layout.SPEC: layout.SPEC, "results.json": layout.RESULTS, "report.md": layout.REPORT_MD}
     recipe = ctx.data_result["recipe"]
     written = {}
     if recipe.get("chat_template_kwargs"):  # what every rendering of the template gets, beside the template
@@ -79,7 +77,7 @@ def export_adapter(ctx: PhaseContext, trial_id: str) -> dict[str, dict]:
     files = {}
     for name in sorted({*copies, *written}):
         data = written[name] if name in written else ctx.store.get_bytes(copies[name])
-        ctx.store.put_bytes(f"export/{name}", data)
+        ctx.store.put_bytes(layout.export_file(name), data)
         files[name] = _digest(data)
     return files
 
@@ -92,11 +90,11 @@ def adapter_files(files: dict[str, dict]) -> dict[str, dict]:
 def clear_merged(ctx: PhaseContext) -> None:
     """Delete the merged folder, its parity record and the files written about it (an earlier try's, or the
     one `rentune export --merged --replace` replaces). Call after BINDING.json no longer lists them."""
-    for info in ctx.store.list("export/merged"):
+    for info in ctx.store.list(layout.EXPORT_MERGED):
         ctx.store.delete(info.key)
     for name in SERVING_FILES:
-        ctx.store.delete(f"export/{name}")
-    ctx.store.delete(PARITY_KEY)
+        ctx.store.delete(layout.export_file(name))
+    ctx.store.delete(layout.PARITY)
 
 
 def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serving: dict | None = None) -> dict:
@@ -113,7 +111,7 @@ def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serv
             "files": base_hash.files,
             "hash_method": "sha256 over '<file>\\t<sha256>\\n' lines of *.safetensors, sorted by path",
         },
-        "adaptation": ctx.read_json(trial_result_key(trial_id))["settings"]["adaptation"]["method"],
+        "adaptation": ctx.read_json(layout.trial_result(trial_id))["settings"]["adaptation"]["method"],
         # QLoRA: the quantized base the adapter was trained and evaluated on (settings, the bitsandbytes and
         # torch that quantized it, the sha256 of the result), as base_model.json recorded it
         "quantization": ctx.recorded_quantization() if spec.adaptation.quantization is not None else None,
@@ -130,7 +128,7 @@ def write_binding(ctx: PhaseContext, trial_id: str, files: dict[str, dict], serv
         "versions": {"torch": env["torch"], **env["packages"], "rentune": env["rentune"]},
         **(serving or {}),
     }
-    ctx.write_json("export/BINDING.json", binding)
+    ctx.write_json(layout.EXPORT_BINDING, binding)
     return binding
 
 
@@ -142,7 +140,7 @@ def _base_source(spec) -> str:
 def merge_fits(ctx: PhaseContext) -> str | None:
     """None when the plan's merge estimate fits before the lease's margin; else why the merge is left out."""
     try:
-        plan = ctx.read_json("plan.json")
+        plan = ctx.read_json(layout.PLAN)
     except ObjectNotFound:
         return None
     need = plan.get("merge_seconds") or 0.0
@@ -161,9 +159,9 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     side, labels = ctx.kind.model, ctx.labels
     work = ctx.workdir / "export"
     shutil.rmtree(work, ignore_errors=True)
-    adapter, out = get_tree(ctx.store, "export/adapter", work / "adapter"), work / "merged"
+    adapter, out = get_tree(ctx.store, layout.EXPORT_ADAPTER, work / "adapter"), work / "merged"
     dtype = base_dtype(ctx.model_dir) if dtype == "auto" else dtype
-    adaptation = trial_adaptation(ctx.read_json(trial_result_key(trial_id)))
+    adaptation = trial_adaptation(ctx.read_json(layout.trial_result(trial_id)))
     quantization = adaptation.quantization
     merge_base = (ctx.spec.export.merge_base or "dequantized") if quantization is not None else "original"
     # Why the merge cannot stream over the base's shards; None when it can
@@ -198,7 +196,7 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
     files = {}
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         name = f"merged/{path.relative_to(out).as_posix()}"
-        ctx.store.put_file(f"export/{name}", path)
+        ctx.store.put_file(layout.export_file(name), path)
         files[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
     shutil.rmtree(work, ignore_errors=True)
     command = [sys.executable, "-m", "entrypoint.processes.parity", *ctx.store_args]
@@ -216,7 +214,7 @@ def export_merged(ctx: PhaseContext, trial_id: str, dtype: str) -> dict:
             f"export: the parity process failed (exit {done.returncode}): {last_error_line(done)} (its whole "
             "stderr is in the attempt's log)"
         )
-    record = ctx.read_json(PARITY_KEY)
+    record = ctx.read_json(layout.PARITY)
     return {"files": files, "merge": {**how, "dtype": dtype}, "parity": record}
 
 
@@ -248,9 +246,9 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
     spec, side = ctx.spec, ctx.kind.model
     work = ctx.workdir / "serving"
     shutil.rmtree(work, ignore_errors=True)
-    adapter = get_tree(ctx.store, "export/adapter", work / "adapter")
+    adapter = get_tree(ctx.store, layout.EXPORT_ADAPTER, work / "adapter")
     processor = side.processor(adapter)
-    adaptation = ctx.read_json(trial_result_key(trial_id))["settings"]["adaptation"]
+    adaptation = ctx.read_json(layout.trial_result(trial_id))["settings"]["adaptation"]
     readiness = None
     if adaptation["method"] == "lora" and ctx.kind.serving.stop_tokens is not None:  # vLLM serves generative models
         config = json.loads((adapter / "adapter_config.json").read_text())
@@ -267,7 +265,7 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
         written["Modelfile"] = text.encode()
     summary = _parity_summary(merged) if merged else None
     if parity is not None:
-        written["parity.json"] = ctx.store.get_bytes(PARITY_KEY)
+        written["parity.json"] = ctx.store.get_bytes(layout.PARITY)
     guide = serving_guide(
         job_id=spec.job.id,
         base_source=_base_source(spec),
@@ -282,10 +280,10 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
     written["SERVING.md"] = guide.encode()
     if ctx.kind.serving.labels:  # a classifier's outputs are indices into the labels, in this order
         written[LABELS_FILE] = _labels_file(ctx.labels)
-    report = ctx.store.get_bytes("report/report.md").decode()
+    report = ctx.store.get_bytes(layout.REPORT_MD).decode()
     written["report.md"] = (report.rstrip("\n") + "\n\n" + _report_section(summary, readiness, modelfile)).encode()
     for name, data in written.items():
-        ctx.store.put_bytes(f"export/{name}", data)
+        ctx.store.put_bytes(layout.export_file(name), data)
     shutil.rmtree(work, ignore_errors=True)
     files = {**files, **(merged or {}).get("files", {}), **{name: _digest(data) for name, data in written.items()}}
     serving = {"merged": summary, "vllm": readiness, "ollama": modelfile}

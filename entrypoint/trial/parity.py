@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from entrypoint.context import PhaseContext
-from entrypoint.job.state import trial_result_key
+from entrypoint.job import layout
 from entrypoint.trial.evaluate import trial_adaptation
 from jobspec.schema import Adaptation
 
@@ -31,7 +31,7 @@ def parity(ctx: PhaseContext, trial_id: str, adapter: Path, merged: Path, log) -
     side, labels, spec = ctx.kind.model, ctx.labels, ctx.spec
     rows = ctx.read_split("eval")
     answers, logits, dtypes = {}, {}, {}
-    record = ctx.read_json(trial_result_key(trial_id))
+    record = ctx.read_json(layout.trial_result(trial_id))
     loads = {
         "adapter": lambda: side.load(ctx.model_dir, labels, trial_adaptation(record), trained=adapter),
         "merged": lambda: side.load(merged, labels, Adaptation(method="full"), trained=merged),

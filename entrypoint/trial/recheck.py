@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load, load_file
 
 from entrypoint.context import PhaseContext
-from entrypoint.job.state import trial_result_key
+from entrypoint.job import layout
 from entrypoint.store import ObjectNotFound
 from entrypoint.store.checkpoint import checkpoint_prefix, find_latest
 from entrypoint.training.model import SHARD_INDEX, ModelError, sharded_weights
@@ -49,7 +49,7 @@ def load_weights(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
 def recheck(ctx: PhaseContext, trial_id: str, log) -> dict:
     """The fresh process's record of `trial_id` (see the module docstring): its checkpoint, reloaded as a
     user would, re-runs the eval split."""
-    record = ctx.read_json(trial_result_key(trial_id))
+    record = ctx.read_json(layout.trial_result(trial_id))
     into = ctx.workdir / "checkpoint"
     shutil.rmtree(into, ignore_errors=True)
     found = find_latest(ctx.store, checkpoint_prefix(trial_id), into, log)
@@ -66,7 +66,7 @@ def recheck(ctx: PhaseContext, trial_id: str, log) -> dict:
             f"trial {trial_id}: checkpoint step {found.step} holds no {' or '.join(WEIGHT_FILES)} and no {SHARD_INDEX}"
         )
     try:
-        stored = [load(ctx.store.get_bytes(f"trials/{trial_id}/final/{name}")) for name in names]
+        stored = [load(ctx.store.get_bytes(f"{layout.trial_final(trial_id)}/{name}")) for name in names]
     except ObjectNotFound as exc:
         raise RecheckError(f"trial {trial_id}: a weight file of final/ is missing from the store ({exc})") from None
     final = {key: tensor for part in stored for key, tensor in part.items()}

@@ -27,7 +27,8 @@ from entrypoint.context import PhaseContext
 from entrypoint.data.packing import step_rows
 from entrypoint.data.tokens import features_of, token_counts
 from entrypoint.errors import Conflict, Interrupted
-from entrypoint.job.state import commit_status_key, progress_key, to_jsonl
+from entrypoint.job import layout
+from entrypoint.job.state import to_jsonl
 from entrypoint.store import ObjectNotFound, put_tree
 from entrypoint.store.checkpoint import Checkpoint, CheckpointError, checkpoint_prefix, find_latest
 from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params
@@ -67,7 +68,7 @@ class InvalidTrial(RuntimeError):
 def training_deadline(ctx: PhaseContext) -> tuple[float | None, dict]:
     """The plan's training deadline (wall clock) and each trial's estimated seconds, if a plan exists."""
     try:
-        plan = ctx.read_json("plan.json")
+        plan = ctx.read_json(layout.PLAN)
     except ObjectNotFound:
         return None, {}
     return plan["train_deadline_at"], {t["id"]: t["seconds"] for t in plan["trials"]}
@@ -77,7 +78,7 @@ def plan_checkpoint_minutes(ctx: PhaseContext) -> float | None:
     """The periodic checkpoint interval the plan set to bound what an interruption loses (its notice window:
     a commit on SIGTERM that cannot finish in time), or None where the spec's own interval stands."""
     try:
-        notice = ctx.read_json("plan.json").get("notice")
+        notice = ctx.read_json(layout.PLAN).get("notice")
     except ObjectNotFound:
         return None
     if isinstance(notice, dict) and notice.get("interval_source") == "plan":
@@ -125,14 +126,14 @@ def _train(ctx: PhaseContext, trial: Trial) -> dict:
         return {}
     setup.processor.save_pretrained(final)
     reproducible_files(final)
-    keys = put_tree(ctx.store, f"trials/{trial.id}/final", final)
+    keys = put_tree(ctx.store, layout.trial_final(trial.id), final)
 
     # The ranks of a sharded run hold only part of the weights: predict from the saved ones there.
     model = trainer.model if not is_rank() else _reload(ctx, setup, final)
     predicting = time.perf_counter()
     outputs = ctx.kind.model.predict(model, setup.processor, setup.eval_rows, ctx.labels, ctx.device)
     predicted = time.perf_counter() - predicting
-    ctx.store.put_bytes(f"trials/{trial.id}/eval_outputs_at_end.jsonl", to_jsonl({"output": o} for o in outputs))
+    ctx.store.put_bytes(layout.trial_outputs_at_end(trial.id), to_jsonl({"output": o} for o in outputs))
     state = trainer.state
     cut = state.global_step < state.max_steps  # not SIGTERM (raised in _fit): the plan's deadline
     return {
@@ -266,7 +267,7 @@ def _interruptions(ctx: PhaseContext, trial: Trial, resume: Checkpoint | None) -
     last progress record: at most PROGRESS_EVERY_S old, so the steps lost are a lower bound when it was
     killed) and the step training resumed from."""
     try:
-        progress = ctx.read_json(progress_key(trial.id))
+        progress = ctx.read_json(layout.trial_progress(trial.id))
     except ObjectNotFound:
         return []
     progress = _unless_still_written(ctx, trial, progress)
@@ -306,7 +307,7 @@ def _unless_still_written(ctx: PhaseContext, trial: Trial, progress: dict) -> di
     ctx.log(f"train: trial {trial.id}'s progress was recorded {time.time() - at:.0f} s ago on another node; waiting "
             "to see whether that process still writes it")  # fmt: skip
     time.sleep(max(0.0, at + 2.5 * PROGRESS_EVERY_S - time.time()))
-    later = ctx.read_json(progress_key(trial.id))
+    later = ctx.read_json(layout.trial_progress(trial.id))
     if (later.get("at"), later.get("step")) != (at, progress.get("step")):
         raise Conflict(conflict)
     return later
@@ -378,9 +379,13 @@ def _fit(
             ctx.log,
             deadline=deadline,
             clock=ctx.clock,
-            status_key=commit_status_key(trial.id) if node_rank() == 0 else None,  # one writer: node 0
+            status_key=layout.trial_commit_status(trial.id) if node_rank() == 0 else None,  # one writer: node 0
             cap_minutes=plan_checkpoint_minutes(ctx),
-            progress={"key": progress_key(trial.id), "interruptions": interruptions, "writer": process_identity()},
+            progress={
+                "key": layout.trial_progress(trial.id),
+                "interruptions": interruptions,
+                "writer": process_identity(),
+            },
         )
         first_steps = FirstStepsCallback(spec.adaptation.method, ctx.device)
         divergence = DivergenceCallback()

@@ -11,8 +11,9 @@ import pytest
 from entrypoint import follower
 from entrypoint.errors import Interrupted
 from entrypoint.follower import LeadStopped, follow_lead
-from entrypoint.job.launches import LAUNCH_KEY, announce_launch, end_launch
-from entrypoint.job.state import dumps, job_store, phase_result_key
+from entrypoint.job import layout
+from entrypoint.job.launches import announce_launch, end_launch
+from entrypoint.job.state import dumps, job_store
 from entrypoint.store import open_store
 
 
@@ -25,7 +26,7 @@ def test_exits_cleanly_once_training_is_committed(tmp_path):
     store = job_store(root, "j")
     store.put_bytes("attempts/1/started.json", dumps({"started_at": 0}))
     lines: list[str] = []
-    threading.Timer(0.3, lambda: store.put_bytes(phase_result_key("train"), dumps({}))).start()
+    threading.Timer(0.3, lambda: store.put_bytes(layout.phase_result("train"), dumps({}))).start()
     _follow(root, tmp_path, lines)
     assert lines[-1] == "node 1: training is done; the lead node runs the remaining phases. Exiting."
 
@@ -95,7 +96,7 @@ def test_a_launch_names_its_trial_attempt_and_a_fresh_id(tmp_path):
     store = job_store(open_store(f"file://{tmp_path / 'store'}"), "j")
     first, second = announce_launch(store, "main", 3), announce_launch(store, "main", 3)
     assert first != second
-    assert store.get_bytes(LAUNCH_KEY) and b'"attempt": 3' in store.get_bytes(LAUNCH_KEY)
+    assert store.get_bytes(layout.LAUNCH) and b'"attempt": 3' in store.get_bytes(layout.LAUNCH)
 
 
 def test_training_committed_between_two_looks_is_done_not_a_stopped_lead(tmp_path, monkeypatch):
@@ -109,7 +110,7 @@ def test_training_committed_between_two_looks_is_done_not_a_stopped_lead(tmp_pat
         if len(looks) == 2:  # the first look is at start-up; the second, in the loop, after the train check
             # The lead commits training and ends its attempt (--until train) just after this node looked
             # for the train phase's result and just before it looks at the attempt.
-            store.put_bytes(phase_result_key("train"), dumps({}))
+            store.put_bytes(layout.phase_result("train"), dumps({}))
             store.put_bytes("attempts/1/ended.json", dumps({"outcome": "completed", "error": None}))
         return ended(store_, attempt)
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from entrypoint.job import layout
 from entrypoint.store.file import FileStore
-from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params, tracking_key
+from entrypoint.tracking import RunRef, Tracking, open_tracking, spec_params
 from entrypoint.training import device
 from entrypoint.training.device import Unsupported, preflight
 from jobspec.schema import Tracking as TrackingSpec
@@ -138,7 +139,7 @@ def test_an_unreachable_tracker_is_a_warning_and_the_ids_of_the_others_are_store
     assert any("warning: mlflow" in line and "goes on without it" in line for line in lines)
     tracking.metrics({"train/loss": 1.0}, 1)
     tracking.close(finished=True)
-    stored = run.store.get_bytes(tracking_key("main"))
+    stored = run.store.get_bytes(layout.trial_tracking("main"))
     assert b"tensorboard" in stored and b"mlflow" not in stored
     assert [info.key for info in run.store.list("trials/main/tensorboard")]  # the event file reached the store
 
@@ -176,13 +177,15 @@ def test_preflight_refuses_a_tracker_whose_package_is_missing(monkeypatch):
 
 def test_an_unreadable_tracking_record_is_a_warning_and_new_runs_start(tmp_path):
     run = _run(tmp_path)
-    run.store.put_bytes(tracking_key("main"), b'{"tensorboard": {"prefix": "trials/ma')  # cut short
+    run.store.put_bytes(layout.trial_tracking("main"), b'{"tensorboard": {"prefix": "trials/ma')  # cut short
     lines = []
     tracking = open_tracking(TrackingSpec(tensorboard=True), run, lines.append)
     assert [t.name for t in tracking.trackers] == ["tensorboard"] and tracking.new == {"tensorboard"}
     assert any(line.startswith("tracking: warning:") and "tracking.json" in line for line in lines)
     tracking.close(finished=True)
-    assert b'"prefix": "trials/main/tensorboard"' in run.store.get_bytes(tracking_key("main"))  # rewritten whole
+    assert b'"prefix": "trials/main/tensorboard"' in run.store.get_bytes(
+        layout.trial_tracking("main")
+    )  # rewritten whole
 
 
 def test_mlflow_takes_names_it_would_refuse_and_a_failed_send_surfaces_at_the_next_step(tmp_path, monkeypatch):
