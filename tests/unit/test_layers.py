@@ -35,6 +35,7 @@ ORDER = (
     "processes",
     "commands",
     "cli",
+    "cli_reference",
 )
 
 # Units only these may import, whatever the order allows: phases are orchestration, run by the runner alone.
