@@ -8,8 +8,8 @@ eval split with one procedure (entrypoint/evaluation/procedure.py); then the gua
     each trial against the baseline, paired on the same examples (evaluation/judge.py): every metric's
         change with its bootstrap interval, the hypothesis (holds / does not hold / inconclusive), the
         guardrails (pass / fail / inconclusive), the examples fixed and broken
-    select: the highest primary metric among trials with no failed guardrail (eval split only), and the
-        paired interval of the selected trial against the runner-up
+    select (evaluation/selection.py): the highest primary metric among trials with no failed guardrail (eval
+        split only), and the paired interval of the selected trial against the runner-up
 
 The sealed test split is not touched here: the test phase opens it once, for the selected trial.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from entrypoint.context import PhaseContext
 from entrypoint.evaluation.judge import judge, versus
+from entrypoint.evaluation.selection import NoValidTrial, select
 from entrypoint.job import layout
 from entrypoint.job.state import read_jsonl, to_jsonl
 from entrypoint.trial.evaluate import evaluate_trial, split_config
@@ -31,10 +32,6 @@ MAX_DISAGREEMENT = 0.01
 
 class EvaluationMismatch(RuntimeError):
     """The reloaded weights predict differently from the model at the end of training."""
-
-
-class NoValidTrial(RuntimeError):
-    """Every trial was invalid: there is nothing to select, test or export."""
 
 
 def run(ctx: PhaseContext) -> dict:
@@ -86,33 +83,14 @@ def run(ctx: PhaseContext) -> dict:
             f"[{v['interval'][0]:+.3f}, {v['interval'][1]:+.3f}]): hypothesis {v['result']}; guardrails "
             f"{judged['guardrails_result']}{': ' + ', '.join(failed) if failed else ''}"
         )
-    completed = [t for t, r in results.items() if "metrics" in r]
-    if not completed:
-        reasons = "; ".join(f"{t}: {r['status']} ({r['reason']})" for t, r in results.items())
-        raise NoValidTrial(f"evaluate: no trial completed, nothing to select: {reasons}")
-    safe = [t for t in completed if results[t]["guardrails_result"] != "fail"]
-    pool = safe or completed
-    metric = spec.hypothesis.metric
-
-    def rank(trials: list[str]) -> list[str]:  # highest first; ties in spec order
-        return sorted(trials, key=lambda t: (-results[t]["metrics"][metric], completed.index(t)))
-
-    ranked = rank(pool)
-    selected = ranked[0]
-    why = (
-        f"highest {metric} on eval among trials with no failed guardrail"
-        if safe
-        else f"every trial fails a guardrail; highest {metric} on eval"
-    )
-    others = ranked[1:] or rank([t for t in completed if t != selected])
+    choice = select(results, spec.hypothesis.metric)
+    selected, why = choice.selected, choice.why
     runner_up = None
-    if others:
-        runner_up = {
-            "trial_id": others[0],
-            **versus(spec, eval_rows, tally_of[others[0]], tally_of[selected]),
-        }
+    if choice.runner_up is not None:
+        other = choice.runner_up
+        runner_up = {"trial_id": other, **versus(spec, eval_rows, tally_of[other], tally_of[selected])}
         low, high = runner_up["interval"]
-        why += f"; against the runner-up {others[0]}: {runner_up['change']:+.3f} [{low:+.3f}, {high:+.3f}], " + (
+        why += f"; against the runner-up {other}: {runner_up['change']:+.3f} [{low:+.3f}, {high:+.3f}], " + (
             "decided" if runner_up["decided"] else "not decided (the interval includes 0)"
         )
     ctx.log(f"evaluate: selected trial {selected} ({why})")
