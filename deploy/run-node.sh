@@ -3,7 +3,7 @@
 # at a time until stopped.
 #
 #   deploy/run-node.sh cuda|rocm|cpu IMAGE STORE_URI [extra rentune worker args]
-#   deploy/run-node.sh cuda registry.example.com/rentune:0.1.0-cuda s3://my-bucket/rentune --lease-seconds 600
+#   deploy/run-node.sh cuda registry.example.com/rentune:0.1.0-cuda s3://my-bucket/rentune --claim-seconds 600
 #
 # cpu passes no device: for an image built on a CPU base (tests/integration/test_docker.py runs this script
 # that way) or to try a job's data and model paths on a machine without GPUs.

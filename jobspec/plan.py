@@ -40,7 +40,7 @@ __all__ = [
     "make_plan",
     "notice_window",
     "planned_steps",
-    "power_lines",
+    "split_power_lines",
 ]
 
 WINDOW_SECONDS = {"3d": 3 * 86400, "7d": 7 * 86400, "30d": 30 * 86400}
@@ -289,7 +289,7 @@ def detectable_from_size(examples: int, confidence: float) -> float:
     return z * math.sqrt(0.5 / examples) if examples else float("inf")
 
 
-def power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
+def split_power_lines(spec: JobSpec, counts: dict[str, int]) -> list[str]:
     """What `rentune plan` says of power: the hypothesis metric's detectable change on eval and test from the
     split sizes alone, against min_gain."""
     h, level = spec.hypothesis, spec.evaluation.confidence

@@ -55,3 +55,64 @@ def pytest_collection_modifyitems(config, items):
         return  # a plain pytest run keeps the usual order
     rank = {f"tests/{name}": i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: in-file order kept
+
+
+# -- the e2e marker ------------------------------------------------------------------------------------------
+# A test is `e2e` when it starts a rentune process, torchrun or a Docker engine: its own code does, a helper of
+# its module it calls does, or a fixture it uses (directly or through other fixtures) does. Decided here from
+# the source, so that no test can be left unmarked: `make test-fast` runs `-m "not e2e"`.
+# tests/unit/test_e2e_marker.py checks the rule on planted tests.
+# tests/processes.py's helpers, a whole job in-process (its verify phase starts a fresh rentune process), docker
+E2E_NAMES = frozenset({"rentune", "RENTUNE", "start_run", "run_job", "DockerEngine", "_host"})
+E2E_TEXT = ("torchrun", "entrypoint.processes")  # a command line written out; or the console script's name
+
+
+def _starts_processes(function, seen: set) -> bool:
+    """Whether `function`'s source, or a function or class of its module that it names (recursively), names
+    one of E2E_NAMES, calls `.docker(` or writes out an E2E_TEXT command."""
+    import ast
+    import inspect
+    import sys
+    import textwrap
+
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    module = sys.modules.get(function.__module__)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in E2E_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "docker":
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value == "rentune" or any(text in node.value for text in E2E_TEXT):
+                return True
+        if isinstance(node, ast.Name) and module is not None:
+            helper = getattr(module, node.id, None)
+            if getattr(helper, "__module__", None) != module.__name__:
+                continue
+            methods = [m for m in vars(helper).values() if inspect.isfunction(m)] if inspect.isclass(helper) else []
+            if any(_starts_processes(f, seen) for f in [helper, *methods] if inspect.isfunction(f)):
+                return True
+    return False
+
+
+def is_e2e(item) -> bool:
+    """The rule above, for a collected test."""
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        for definition in info.name2fixturedefs.get(name, ()) if info else ():
+            functions.append(definition.func)
+    seen: set = set()
+    return any(function is not None and _starts_processes(function, seen) for function in functions)
+
+
+def pytest_itemcollected(item):
+    if is_e2e(item):
+        item.add_marker("e2e")

@@ -20,8 +20,8 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
         count_split_examples,
         count_train_examples,
         make_plan,
-        power_lines,
         split_examples_from_train,
+        split_power_lines,
     )
 
     with exits():
@@ -41,7 +41,7 @@ def plan(spec: Path, window: str | None, train_examples: int | None) -> None:
                 click.echo(f"power: eval and test sizes from --train-examples {n_train} and data.split's shares")
             else:
                 click.echo("power: not computed: data.files are in object storage, their eval and test sizes unknown")
-        for line in power_lines(loaded.spec, counts) if counts else []:
+        for line in split_power_lines(loaded.spec, counts) if counts else []:
             click.echo(line)
         if result.problems:
             raise Refused(*(f"{spec}: {line}" for line in result.problems))

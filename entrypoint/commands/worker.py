@@ -15,15 +15,23 @@ from entrypoint.commands.options import StoreFlags, log, store_options, workdir_
 @store_options
 @workdir_option
 @click.option(
-    "--lease-seconds",
+    "--claim-seconds",
     type=click.FloatRange(min=1.0),
     default=300.0,
     show_default=True,
     help="A claim without a heartbeat for this long belongs to a dead worker and is taken over.",
 )
+@click.option("--lease-seconds", "old_claim_seconds", type=click.FloatRange(min=1.0), hidden=True)  # the old name
 @click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True)
 @click.option("--exit-when-idle", is_flag=True, help="Return once the queue is empty (default: wait for more).")
-def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds: float, exit_when_idle: bool) -> None:
+def worker(
+    store: StoreFlags,
+    workdir: Path,
+    claim_seconds: float,
+    old_claim_seconds: float | None,
+    poll_seconds: float,
+    exit_when_idle: bool,
+) -> None:
     """Claim queued jobs from the bucket one at a time and run them (the image's default command).
 
     A job runs against this worker's store whatever its spec's store.uri says; its data and model
@@ -52,6 +60,6 @@ def worker(store: StoreFlags, workdir: Path, lease_seconds: float, poll_seconds:
             ours_spec = replace(loaded, spec=loaded.spec.model_copy(update={"store": ours}))
             run_job(ours_spec, root, workdir, job_log, startup_seconds=startup)
 
-        claims = Worker(root, run_one, log, lease_seconds=lease_seconds, poll_seconds=poll_seconds)
+        claims = Worker(root, run_one, log, claim_seconds=old_claim_seconds or claim_seconds, poll_seconds=poll_seconds)
         log(f"worker: {claims.name} watching {root.uri}/queue/")
         claims.loop(exit_when_idle=exit_when_idle)

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from entrypoint.data.normalize import normalize_text
-from entrypoint.data.pool import processes_for, worker_pool
+from entrypoint.data.pool import process_pool, processes_for
 from entrypoint.data.spool import chunked
 
 __all__ = ["LEAKCHECK_VERSION", "LeakPair", "find_leaks"]
@@ -291,7 +291,7 @@ def _sketch(normalized: Sequence[str], k: int, a: np.ndarray, b: np.ndarray) -> 
 
 
 def _sketcher(shingle: int, num_perm: int, seed: int):
-    """What sketches a part of a split, here or in each worker process (data/pool.py): each text
+    """What sketches a part of a split, here or in each process of a pool (data/pool.py): each text
     normalised once, its digest, and the MinHash values of those not blank."""
     a, b = _permutations(num_perm, seed)
 
@@ -303,9 +303,9 @@ def _sketcher(shingle: int, num_perm: int, seed: int):
     return sketch
 
 
-def _batches(texts: Sequence[str], digests: list[bytes | None], sketch, workers, size: int) -> Iterator[list[tuple]]:
+def _batches(texts: Sequence[str], digests: list[bytes | None], sketch, pool, size: int) -> Iterator[list[tuple]]:
     """(index, text, MinHash values) of the texts that are not blank, `size` texts at a time, sketched by
-    `workers` when given (in order), else here by `sketch`; each text's digest is appended to `digests`."""
+    `pool` when given (in order), else here by `sketch`; each text's digest is appended to `digests`."""
     sent: collections.deque = collections.deque()
 
     def parts() -> Iterator[list[str]]:
@@ -314,7 +314,7 @@ def _batches(texts: Sequence[str], digests: list[bytes | None], sketch, workers,
             yield part
 
     start = 0
-    for part_digests, values in workers.map(parts()) if workers is not None else map(sketch, parts()):
+    for part_digests, values in pool.map(parts()) if pool is not None else map(sketch, parts()):
         part = sent.popleft()
         digests.extend(part_digests)
         kept = [(start + k, text) for k, (text, digest) in enumerate(zip(part, part_digests, strict=True)) if digest]
@@ -338,7 +338,7 @@ def _near(
     go smallest first: each split is queried against the indexes of the smaller splits it is paired with
     (built earlier), then inserted into its own index if a larger split is paired with it; its digests and
     sketches are computed once, in one stream, from texts normalised as they are reached (no normalised
-    copy of a split is kept), by `processes` worker processes (data/pool.py; default: one per core from
+    copy of a split is kept), by `processes` pooled processes (data/pool.py; default: one per core from
     50,000 texts in all) while this one queries and indexes."""
     rank = {name: i for i, name in enumerate(names)}
     bands, rows = _lsh_params(threshold, num_perm)
@@ -346,16 +346,16 @@ def _near(
     indexes: dict[str, BandIndex] = {}
     found: list[LeakPair] = []
     processes = processes if processes is not None else processes_for(sum(len(splits[name]) for name in names))
-    with worker_pool(_sketcher, (shingle, num_perm, seed), processes) as workers:
+    with process_pool(_sketcher, (shingle, num_perm, seed), processes) as pool:
         for name in names:
             found += _near_split(
-                splits, digests, wanted, rank, name, indexes, sketch, workers, bands, rows, threshold, shingle
+                splits, digests, wanted, rank, name, indexes, sketch, pool, bands, rows, threshold, shingle
             )
     return found
 
 
 def _near_split(
-    splits, digests, wanted, rank, name: str, indexes, sketch, workers, bands: int, rows: int, threshold, shingle
+    splits, digests, wanted, rank, name: str, indexes, sketch, pool, bands: int, rows: int, threshold, shingle
 ) -> list[LeakPair]:
     """_near's work for split `name`: its texts queried against the smaller paired splits' indexes, then
     inserted into its own index if a larger split is paired with it."""
@@ -364,7 +364,7 @@ def _near_split(
     build_index = any(name in pair and rank[other] > rank[name] for pair in wanted for other in pair)
     mine = digests[name]
     index = BandIndex(bands) if build_index else None
-    for batch in _batches(splits[name], mine, sketch, workers, _BATCH):
+    for batch in _batches(splits[name], mine, sketch, pool, _BATCH):
         keys = [i for i, _, _ in batch]
         table = _band_hashes(np.stack([values for _, _, values in batch]), bands, rows)
         for other in query_into:

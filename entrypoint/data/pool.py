@@ -1,4 +1,4 @@
-"""Processes that work beside the data phase on chunks of its rows: each builds its worker once
+"""Processes that work beside the data phase on chunks of its rows: each builds its function once
 (`make(*args)`, a module-level function, as spawned processes import it by name), then takes chunks in
 order; each dies with its parent (Linux PR_SET_PDEATHSIG), so a SIGKILLed data phase leaves none behind.
 The tokenizer (data/tokens.py) and the leak check's sketches (data/leaks.py) use them."""
@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["PARALLEL_FROM", "Workers", "processes_for", "worker_pool"]
+__all__ = ["PARALLEL_FROM", "Processes", "processes_for", "process_pool"]
 
 PARALLEL_FROM = 50_000  # rows from which work goes to a process per core: starting one costs a second or more
 
@@ -23,8 +23,8 @@ def processes_for(rows: int) -> int:
     return 1 if rows < PARALLEL_FROM else max(1, min(8, len(os.sched_getaffinity(0))))
 
 
-class Workers:
-    """The processes of a worker_pool."""
+class Processes:
+    """The processes of a process_pool."""
 
     def __init__(self, pool, processes: int):
         self.pool, self.processes = pool, processes
@@ -42,7 +42,7 @@ class Workers:
 
 
 @contextmanager
-def worker_pool(make: Callable[..., Callable], args: tuple, processes: int) -> Iterator[Workers | None]:
+def process_pool(make: Callable[..., Callable], args: tuple, processes: int) -> Iterator[Processes | None]:
     """`processes` processes running `make(*args)` on parts (None for one process: the caller works in
     its own process); closed on exit."""
     if processes <= 1:
@@ -52,7 +52,7 @@ def worker_pool(make: Callable[..., Callable], args: tuple, processes: int) -> I
 
     pool = multiprocessing.get_context("spawn").Pool(processes, _start, (make, args))
     try:
-        yield Workers(pool, processes)
+        yield Processes(pool, processes)
     finally:
         pool.terminate()
         pool.join()

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from entrypoint.data.encoding import Encoded
-from entrypoint.data.pool import Workers, processes_for, worker_pool
+from entrypoint.data.pool import Processes, process_pool, processes_for
 from entrypoint.job import layout
 from entrypoint.store.hashing import file_sha256
 
@@ -109,11 +109,11 @@ def _tokens_encoder(make_encoder: Callable[..., Callable[[Sequence[dict]], list[
 @contextmanager
 def encoder_pool(
     make_encoder: Callable[..., Callable[[Sequence[dict]], list[Encoded]]], args: tuple, processes: int
-) -> Iterator[Workers | None]:
+) -> Iterator[Processes | None]:
     """`processes` processes (data/pool.py) that each build their encoder once (`make_encoder(*args)`: a
     module-level function; it loads the processor) and encode chunks of rows into record batches (None for
     one process: the caller encodes in its own process)."""
-    with worker_pool(_tokens_encoder, (make_encoder, *args), processes) as pool:
+    with process_pool(_tokens_encoder, (make_encoder, *args), processes) as pool:
         yield pool
 
 
@@ -122,7 +122,7 @@ def tokenize(
     rows: Sequence[dict],
     name: str,
     log: Callable[[str], None],
-    pool: Workers | None = None,
+    pool: Processes | None = None,
 ) -> Iterator:
     """`rows` encoded CHUNK at a time, in order, as Arrow record batches (`record_batch`), by `pool`'s
     processes when given, else by `encode` here, with a progress line (rows tokenized, rate) after each

@@ -68,8 +68,8 @@ def figures_from(spec: JobSpec, store: Store) -> dict[str, Figure]:
     typical, eval_pass, cost = probe.get("typical_step"), probe.get("eval_loss_pass"), probe.get("checkpoint_cost")
     if typical:
         put("step", typical["seconds"], f"probe: median of {len(typical['steps'])} Trainer steps of real lengths")
-    elif probe.get("variants"):  # a probe of an earlier rentune: its worst-case step, the only one it timed
-        worst = probe["variants"]["plain"]["seconds"] * spec.training.grad_accum
+    elif probe.get("setups") or probe.get("variants"):  # an earlier rentune's probe: its worst-case step alone
+        worst = (probe.get("setups") or probe["variants"])["plain"]["seconds"] * spec.training.grad_accum
         put("step", worst, "probe: the worst-case step (an earlier rentune timed no typical one)")
     if eval_pass:
         timed = f"probe: {eval_pass['batches_timed']} of {eval_pass['batches']} batches timed"

@@ -9,13 +9,13 @@
                    claim it              -> jobs/<job_id>/claims/<n>.json, put if absent: one winner
                    run it (resuming from the store), heartbeat claims/<n>.heartbeat meanwhile
                    completed -> delete the queue entry; failed -> queue/failed/<job_id>.yaml + .error.txt
-               a claim whose heartbeat is older than the lease timeout belongs to a dead worker: the next
+               a claim whose heartbeat is older than --claim-seconds belongs to a dead worker: the next
                worker takes it over by claiming n+1 (again put-if-absent), and the job resumes from its
                newest checkpoint. A worker that sees a newer claim than its own stops its job (SIGTERM path).
 
 Claims are numbered so that a takeover is itself a conditional write: two workers racing for a stale job
 both try claims/<n+1>.json and exactly one succeeds. Heartbeats carry the writer's wall clock; keep the
-lease timeout well above clock skew between nodes (minutes, not seconds, in production).
+claim timeout well above clock skew between nodes (minutes, not seconds, in production).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ __all__ = [
 REJECTED, FAILED, CANCELLED = "rejected", "failed", "cancelled"
 
 
-DEFAULT_LEASE_SECONDS = 300.0
+DEFAULT_CLAIM_SECONDS = 300.0
 
 
 class JobExists(Conflict):
@@ -94,7 +94,7 @@ def cancel(root: Store, job_id: str) -> str:
             + ("it has run or runs there (see `rentune status`)" if ran else "no such job was submitted there")
         ) from None
     newest = newest_claim(root, job_id, time.time())
-    if newest.held(DEFAULT_LEASE_SECONDS):
+    if newest.held(DEFAULT_CLAIM_SECONDS):
         raise Conflict(
             f"job {job_id!r} is held by worker {newest.worker} (claim {newest.number}): it runs. Stop that worker "
             "(`docker stop` of its container: the job commits, stays queued and can be cancelled then)"
@@ -135,9 +135,10 @@ class NewestClaim:
     released: bool
     age: float  # seconds since its last heartbeat (or since the claim, before the first)
 
-    def held(self, lease_seconds: float) -> bool:
-        """A worker holds the job: claimed, not released, heartbeat within the lease (a dead worker's goes stale)."""
-        return self.number > 0 and not self.released and self.age <= lease_seconds
+    def held(self, claim_seconds: float) -> bool:
+        """A worker holds the job: claimed, not released, heartbeat within claim_seconds (a dead worker's is
+        stale)."""
+        return self.number > 0 and not self.released and self.age <= claim_seconds
 
 
 def newest_claim(root: Store, job_id: str, now: float) -> NewestClaim:
@@ -174,12 +175,12 @@ class Worker:
         root: Store,
         run: Callable[[LoadedSpec, Callable[[str], None]], None],
         log: Callable[[str], None],
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        claim_seconds: float = DEFAULT_CLAIM_SECONDS,
         poll_seconds: float = 10.0,
         clock: Callable[[], float] = time.time,
     ):
         self.root, self.run, self.log = root, run, log
-        self.lease_seconds, self.poll_seconds, self.clock = lease_seconds, poll_seconds, clock
+        self.claim_seconds, self.poll_seconds, self.clock = claim_seconds, poll_seconds, clock
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.lost: str | None = None  # the job another worker took over from this one
 
@@ -200,7 +201,7 @@ class Worker:
     def try_claim(self, job_id: str) -> Claim | None:
         """Claim the job if nobody holds a live claim on it; None otherwise."""
         newest = newest_claim(self.root, job_id, self.clock())
-        if newest.held(self.lease_seconds):
+        if newest.held(self.claim_seconds):
             return None
         if newest.number and not newest.released:
             self.log(f"worker: claim {newest.number} on {job_id} is stale ({newest.age:.0f} s without heartbeat)")
@@ -214,7 +215,7 @@ class Worker:
     # -- one job -----------------------------------------------------------------------------------------
     def _beat(self, claim: Claim, stop: threading.Event) -> None:
         """Refresh the heartbeat; if another worker took the job over, stop ours through the SIGTERM path."""
-        while not stop.wait(self.lease_seconds / 4):
+        while not stop.wait(self.claim_seconds / 4):
             try:
                 if _claims(self.root, claim.job_id)[-1] != claim.number:
                     self.log(f"worker: {claim.job_id} was taken over by another worker; stopping here")

@@ -58,7 +58,7 @@ from entrypoint.training.trainer import StepClock, build_trainer
 __all__ = ["GRAD_RTOL", "run"]
 
 # (name, activation checkpointing, microbatches accumulated: 1, or `k`)
-VARIANTS = (
+SETUPS = (
     ("plain", False, False),
     ("checkpointing", True, False),
     ("accumulation", False, True),
@@ -77,7 +77,7 @@ EVAL_SECONDS = 3.0
 
 
 @dataclass
-class Variant:
+class StepSetup:
     record: dict  # what the result reports
     grads: dict[str, torch.Tensor] | None  # None when the step did not fit (OOM)
 
@@ -148,29 +148,29 @@ def run(ctx: PhaseContext) -> dict:
     labels = ctx.labels
     processor = kind.model.processor(ctx.model_dir)
     m, k = spec.training.microbatch, max(2, spec.training.grad_accum)
-    variants = {}
-    # each step variant, the gradient checks, the typical steps (with the eval-loss pass and the checkpoint's
+    setups = {}
+    # each step setup, the gradient checks, the typical steps (with the eval-loss pass and the checkpoint's
     # cost), and the unquantized step beside a quantized one
-    total = len(VARIANTS) + 2 + (spec.adaptation.quantization is not None)
+    total = len(SETUPS) + 2 + (spec.adaptation.quantization is not None)
     with Heartbeat(ctx.log, "probe", total, "measurements") as beat:
-        for name, checkpointing, accumulated in VARIANTS:
+        for name, checkpointing, accumulated in SETUPS:
             beat.advance(0, doing=f"the {name} step")
             parts = k if accumulated else 1
             batch = _batch(ctx, processor, labels, m * parts)
-            variants[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")
+            setups[name] = _measure(ctx, labels, batch, parts, checkpointing, with_checks=name == "plain")
             beat.advance()
-        if variants["plain"].grads is None:
-            raise _does_not_fit(spec, variants)
+        if setups["plain"].grads is None:
+            raise _does_not_fit(spec, setups)
         beat.advance(0, doing="the gradient checks")
-        checks = _gradient_checks(ctx, processor, labels, variants, k)
+        checks = _gradient_checks(ctx, processor, labels, setups, k)
         beat.advance()
         tolerance = GRAD_RTOL[ctx.precision]
         failed = {name: diff for name, diff in checks.items() if diff > tolerance}
         if failed:
             raise RuntimeError(f"probe: gradients disagree beyond {tolerance:g} (max relative difference): {failed}")
 
-        for variant in variants.values():  # checked: their gradients would only crowd the timing run
-            variant.grads = None
+        for setup in setups.values():  # checked: their gradients would only crowd the timing run
+            setup.grads = None
         _free(ctx)
         beat.advance(0, doing="the typical steps, the eval-loss pass and a checkpoint")
         timing = _timing(ctx, processor, labels)
@@ -180,7 +180,7 @@ def run(ctx: PhaseContext) -> dict:
             beat.advance(0, doing="the step without quantization")
             quantized = _against_unquantized(ctx, labels, _batch(ctx, processor, labels, m))
             beat.advance()
-    plain = variants["plain"].record
+    plain = setups["plain"].record
     estimate = plain.pop("estimate_bytes")
     rows = "packed rows" if spec.training.packing else "examples"
     ctx.log(
@@ -199,11 +199,11 @@ def run(ctx: PhaseContext) -> dict:
         "memory_measure": "allocator peak" if device.type == "cuda" else "process RSS (absolute)",
         "precision": ctx.precision,  # training.precision resolved for this device (auto: bf16 on a GPU)
         "precision_setting": spec.training.precision,
-        "attn_implementation": variants["plain"].record.pop("attn_implementation", None),
+        "attn_implementation": setups["plain"].record.pop("attn_implementation", None),
         # What a training step draws from; the plan counts steps from it.
         "train_rows": _train_rows(ctx, processor, labels),
         "packing": spec.training.packing,
-        "variants": {name: v.record for name, v in variants.items()},
+        "setups": {name: v.record for name, v in setups.items()},
         "gradient_checks": {"max_relative_difference": checks, "tolerance": tolerance},
         "estimate_bytes": estimate,
         # The plain step's measured peak is the prediction for training: the same model, batch shape and
@@ -424,7 +424,7 @@ def _weights_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
-def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: bool, with_checks: bool) -> Variant:
+def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: bool, with_checks: bool) -> StepSetup:
     """One timed optimizer step of a fresh model over `parts` microbatches. With `with_checks`, also the
     memory estimate and the parameter check after two updates."""
     model, optimizer = _fresh(ctx, labels)
@@ -437,11 +437,11 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
     except Exception as exc:
         if not is_oom(exc):
             raise
-        del model, optimizer  # free the failed attempt before the next variant builds its model
+        del model, optimizer  # free the failed attempt before the next setup builds its model
         gc.collect()
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()
-        return Variant({"oom": True, **record}, None)
+        return StepSetup({"oom": True, **record}, None)
     record.update(measured)
     if with_checks:
         record["attn_implementation"] = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -451,15 +451,15 @@ def _measure(ctx: PhaseContext, labels, batch: dict, parts: int, checkpointing: 
         measured_step(model, [batch], loss_per, False, optimizer, ctx.device, ctx.precision)
         checker.after_update(model, 2)
         record["parameter_check"] = {"passed": checker.done, **checker.summary()}
-    return Variant(record, grads)
+    return StepSetup(record, grads)
 
 
-def _gradient_checks(ctx: PhaseContext, processor, labels, variants: dict[str, Variant], k: int) -> dict[str, float]:
-    """Largest relative gradient difference of each variant against what it must equal."""
+def _gradient_checks(ctx: PhaseContext, processor, labels, setups: dict[str, StepSetup], k: int) -> dict[str, float]:
+    """Largest relative gradient difference of each setup against what it must equal."""
     checks = {}
-    if variants["checkpointing"].grads is not None:
-        checks["checkpointing_vs_plain"] = max_rel_diff(variants["plain"].grads, variants["checkpointing"].grads)
-    if variants["accumulation"].grads is not None:
+    if setups["checkpointing"].grads is not None:
+        checks["checkpointing_vs_plain"] = max_rel_diff(setups["plain"].grads, setups["checkpointing"].grads)
+    if setups["accumulation"].grads is not None:
         # Reference: one batch of k x microbatch, measured without timing (it may need more memory).
         # Eval mode (no dropout): the two batch shapes would draw different dropout masks otherwise.
         batch = _batch(ctx, processor, labels, ctx.spec.training.microbatch * k)
@@ -467,17 +467,15 @@ def _gradient_checks(ctx: PhaseContext, processor, labels, variants: dict[str, V
         whole = eval_gradients(_fresh(ctx, labels)[0], [batch], loss_per, ctx.device, ctx.precision)
         accumulated = eval_gradients(_fresh(ctx, labels)[0], split_batch(batch, k), loss_per, ctx.device, ctx.precision)
         checks["accumulation_vs_one_batch"] = max_rel_diff(whole, accumulated)
-        if variants["combined"].grads is not None:
-            checks["combined_vs_accumulation"] = max_rel_diff(
-                variants["accumulation"].grads, variants["combined"].grads
-            )
+        if setups["combined"].grads is not None:
+            checks["combined_vs_accumulation"] = max_rel_diff(setups["accumulation"].grads, setups["combined"].grads)
     return checks
 
 
-def _does_not_fit(spec, variants: dict[str, Variant]) -> OutOfMemory:
-    """The plain step did not fit: say which setting would make it fit, from the variants that did."""
+def _does_not_fit(spec, setups: dict[str, StepSetup]) -> OutOfMemory:
+    """The plain step did not fit: say which setting would make it fit, from the setups that did."""
     m = spec.training.microbatch
-    fits = [n for n in ("checkpointing", "combined") if variants[n].grads is not None]
+    fits = [n for n in ("checkpointing", "combined") if setups[n].grads is not None]
     hints = (
         ["set training.activation_checkpointing: true"]
         if fits

@@ -54,10 +54,10 @@ __all__ = ["ADDRESSING_STYLES", "S3Store"]
 MiB = 1 << 20
 DEFAULT_PART_SIZE = 16 * MiB  # S3 allows 10,000 parts: objects up to 156 GiB, 64 requests per GiB
 DEFAULT_MAX_CONCURRENCY = 8  # parallel part transfers per file (boto3's own default is 10)
-# Part buffers per part worker: 16 x 16 MiB by default, kept once made. They bound the parts in flight over
-# all the files a commit sends at once (16, where 4 files x 8 workers could send 32): a cap on the memory a
+# Part buffers per part thread: 16 x 16 MiB by default, kept once made. They bound the parts in flight over
+# all the files a commit sends at once (16, where 4 files x 8 threads could send 32): a cap on the memory a
 # training process keeps, chosen over the last bit of throughput on a high-latency link (not measured).
-UPLOAD_BUFFERS_PER_WORKER = 2
+UPLOAD_BUFFERS_PER_THREAD = 2
 DEFAULT_MAX_ATTEMPTS = 8  # requests in all, the first included; "standard" mode waits rand*2^n s, <= 20 s
 CONFLICT_RETRIES = 3  # a 409 on a conditional write means a concurrent write was in flight: ask again
 ADDRESSING_STYLES = ("auto", "virtual", "path")
@@ -234,7 +234,7 @@ class S3Store:
         self.multipart_threshold, self.max_concurrency = multipart_threshold, max_concurrency
         self.part_size = multipart_chunksize  # of downloads too
         # every upload of this store reads its parts into these (a file of over 10,000 parts gets its own)
-        self.part_buffers = PartBuffers(multipart_chunksize, UPLOAD_BUFFERS_PER_WORKER * max_concurrency)
+        self.part_buffers = PartBuffers(multipart_chunksize, UPLOAD_BUFFERS_PER_THREAD * max_concurrency)
         self.client.meta.events.register("before-call.s3.UploadPart", expect_continue)
 
     @classmethod

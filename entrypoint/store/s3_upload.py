@@ -2,7 +2,7 @@
 
     open -> size < threshold?  read it, hash it, PUT it
          -> else               CreateMultipartUpload
-                               read part 1 into a free buffer -> hash it -> UploadPart in a worker thread
+                               read part 1 into a free buffer -> hash it -> UploadPart in a part thread
                                read part 2 ...                   (at most `concurrency` parts in flight)
                                CompleteMultipartUpload with every part's ETag
                                (any failure: AbortMultipartUpload, best effort, then the error)
@@ -168,8 +168,8 @@ class _Multipart:
 
 def _send_parts(upload: _Multipart, handle, size: int, digest, buffers: PartBuffers, concurrency: int) -> list[dict]:
     """Read the `size` bytes of `handle` part by part into `buffers`, hashing each in order, while
-    `concurrency` workers upload the parts read so far. Returns CompleteMultipartUpload's part list; once a
-    part fails, no more are read or sent, and the first failure is raised when every worker has stopped."""
+    `concurrency` threads upload the parts read so far. Returns CompleteMultipartUpload's part list; once a
+    part fails, no more are read or sent, and the first failure is raised when every thread has stopped."""
     failed = threading.Event()
 
     def send(number: int, buffer: bytearray, length: int) -> dict | None:

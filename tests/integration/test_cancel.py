@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from entrypoint.job.queue import DEFAULT_LEASE_SECONDS, Worker
+from entrypoint.job.queue import DEFAULT_CLAIM_SECONDS, Worker
 from entrypoint.job.state import dumps
 from entrypoint.store.s3 import S3Store
 from tests.processes import rentune
@@ -63,7 +63,7 @@ def test_cancel_takes_a_queued_job_off_and_refuses_a_held_one(tmp_path, s3_serve
     # the worker died (its heartbeat older than the lease): its claim no longer holds the job, and the cancel
     # keeps the spec cancelled the first time beside this one
     root.put_bytes(
-        claim.key("heartbeat"), dumps({"worker": worker.name, "at": time.time() - 2 * DEFAULT_LEASE_SECONDS})
+        claim.key("heartbeat"), dumps({"worker": worker.name, "at": time.time() - 2 * DEFAULT_CLAIM_SECONDS})
     )
     root.put_bytes("queue/cancel-a.yaml", spec.read_bytes() + b"# the second submission\n")
     stale = rentune("cancel", "cancel-a", *flags, cwd=tmp_path)

@@ -79,7 +79,7 @@ def test_extraction_job_runs_every_phase_with_fixed_decoding(tmp_path):
     # the probe, a phase with no line of its own for minutes on a large model, says how far it is
     beats = re.findall(r"^probe: (\d+)/(\d+) measurements in \d+ s \(.*\)(?:; now: .+)?$", run.stdout, re.M)
     assert beats and all(int(done) <= int(total) for done, total in beats), run.stdout
-    assert re.search(r"^generation: \d+/12 answers in \d+ s", run.stdout, re.M), run.stdout  # the baseline's
+    # (generation's own lines: tests/unit/test_heartbeat.py; here its 12 answers can take under 0.05 s)
 
     baseline_config = json.loads((job / "phases/baseline/eval_config.json").read_text())
     assert baseline_config["decoding"] == {

@@ -1,4 +1,4 @@
-"""The probe's four measured variants, the parameter check against planted bugs, and gradient accumulation
+"""The probe's four measured step set-ups, the parameter check against planted bugs, and gradient accumulation
 through the real HF Trainer as rentune configures it: N microbatches equal one batch N times the size."""
 
 from __future__ import annotations
@@ -56,24 +56,24 @@ def _classification_spec(model: Path, **training) -> dict:
     }
 
 
-def test_probe_records_four_variants_and_verifies_them(tmp_path, bert):
+def test_probe_records_four_step_setups_and_verifies_them(tmp_path, bert):
     ctx = _ctx(tmp_path, _classification_spec(bert))
     ctx.store.put_bytes("phases/data/result.json", json.dumps(data_phase.run(ctx)).encode())
     result = probe_phase.run(ctx)
-    variants = result["variants"]
-    assert set(variants) == {"plain", "checkpointing", "accumulation", "combined"}
-    for name, variant in variants.items():
-        assert variant["seconds"] > 0 and variant["peak_bytes"] >= variant["start_bytes"] > 0, name
-    assert variants["accumulation"]["accumulated"] == 2 and variants["combined"]["checkpointing"]
+    setups = result["setups"]
+    assert set(setups) == {"plain", "checkpointing", "accumulation", "combined"}
+    for name, setup in setups.items():
+        assert setup["seconds"] > 0 and setup["peak_bytes"] >= setup["start_bytes"] > 0, name
+    assert setups["accumulation"]["accumulated"] == 2 and setups["combined"]["checkpointing"]
     checks = result["gradient_checks"]["max_relative_difference"]
     assert set(checks) == {"checkpointing_vs_plain", "accumulation_vs_one_batch", "combined_vs_accumulation"}
     assert all(diff <= probe_phase.GRAD_RTOL["fp32"] for diff in checks.values())
     assert (result["precision"], result["precision_setting"]) == ("fp32", "auto")  # auto on the CPU
     assert result["train_rows"] == len(ctx.read_split("train")) and not result["packing"]
-    assert variants["plain"]["parameter_check"]["passed"]
+    assert setups["plain"]["parameter_check"]["passed"]
     estimate = result["estimate_bytes"]
     assert estimate["gradients"] > 0 and estimate["optimizer"] == 2 * estimate["gradients"]  # fp32 AdamW
-    assert result["predicted_peak_bytes"] == variants["plain"]["peak_bytes"]
+    assert result["predicted_peak_bytes"] == setups["plain"]["peak_bytes"]
 
 
 def test_probe_that_does_not_fit_says_what_would(tmp_path, bert, monkeypatch):

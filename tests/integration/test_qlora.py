@@ -77,7 +77,7 @@ def test_a_4bit_job_trains_checks_its_frozen_quantized_tensors_and_exports_a_mer
     assert quantized["quantized_modules"] == 14 and len(quantized["sha256"]) == 64  # 7 Linear4bit per layer
 
     probe = json.loads((four_bit / "phases/probe/result.json").read_text())
-    check = probe["variants"]["plain"]["parameter_check"]
+    check = probe["setups"]["plain"]["parameter_check"]
     assert check["passed"] and check["declared_trainable"] == 8  # A and B of q_proj and v_proj, 2 layers
     # The model's tensors in memory: 4-bit packed weights and their state against fp32. (The step's process
     # RSS, measured too, is not lower on CPU at this size: docs/qlora.md; both are in the report.)
@@ -133,7 +133,7 @@ def test_8bit_job_runs_every_phase_and_measures_a_merge_into_the_original_base(t
     assert json.loads((job / "base_model.json").read_text())["quantized"]["bits"] == 8
     probe = json.loads((job / "phases/probe/result.json").read_text())
     # 14 int8 weights and their 14 scale vectors stayed bit-identical through two updates
-    assert probe["variants"]["plain"]["parameter_check"]["passed"]
+    assert probe["setups"]["plain"]["parameter_check"]["passed"]
     losses = json.loads((job / "trials/main/result.json").read_text())["losses"]
     assert losses[-1]["loss"] < losses[0]["loss"], losses
     binding = json.loads((job / "export/BINDING.json").read_text())

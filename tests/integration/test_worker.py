@@ -37,7 +37,7 @@ def _spec(job_id: str, model: Path, seed: int) -> dict:
 def _worker(store_uri: str, endpoint: str, workdir: Path) -> subprocess.Popen:
     command = [
         RENTUNE, "worker", "--store", store_uri, "--endpoint-url", endpoint, "--addressing-style", "path",
-        "--workdir", str(workdir), "--lease-seconds", "6", "--poll-seconds", "0.5", "--exit-when-idle",
+        "--workdir", str(workdir), "--claim-seconds", "6", "--poll-seconds", "0.5", "--exit-when-idle",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

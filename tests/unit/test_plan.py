@@ -200,7 +200,7 @@ def test_run_refuses_a_job_that_cannot_fit_before_storing_anything(tmp_path):
 
 
 def test_plan_states_the_smallest_change_the_split_sizes_can_show():
-    from jobspec.plan import count_split_examples, detectable_from_size, power_lines
+    from jobspec.plan import count_split_examples, detectable_from_size, split_power_lines
 
     raw = copy.deepcopy(GOOD)
     raw["hypothesis"]["min_gain"] = 0.05
@@ -208,13 +208,13 @@ def test_plan_states_the_smallest_change_the_split_sizes_can_show():
     raw["data"]["split"] = {"eval": 0.2, "test": 0.2}
     spec = parse_spec(yaml.safe_dump(raw), source="q.yaml").spec
     assert detectable_from_size(96, 0.95) == pytest.approx(1.959964 * (0.5 / 96) ** 0.5)
-    lines = power_lines(spec, {"train": 288, "eval": 96, "test": 96})
+    lines = split_power_lines(spec, {"train": 288, "eval": 96, "test": 96})
     assert "changes smaller than 0.141 on eval (96 examples) and 0.141 on test (96)" in lines[0]
     assert "about 769 eval and 769 test examples" in lines[1]  # 0.5 x (1.96 / 0.05)^2
-    uneven = power_lines(spec, {"train": 10, "eval": 1000, "test": 100})  # the test split decides: 0.139
+    uneven = split_power_lines(spec, {"train": 10, "eval": 1000, "test": 100})  # the test split decides: 0.139
     assert "about 769 eval and 769 test examples" in uneven[1]
-    assert "would be empty" in power_lines(spec, {"train": 10, "eval": 0, "test": 5})[0]
-    assert len(power_lines(spec, {"train": 10, "eval": 5000, "test": 5000})) == 1  # 0.028 < 0.05: decidable
+    assert "would be empty" in split_power_lines(spec, {"train": 10, "eval": 0, "test": 5})[0]
+    assert len(split_power_lines(spec, {"train": 10, "eval": 5000, "test": 5000})) == 1  # 0.028 < 0.05: decidable
     counts = count_split_examples(spec)
     assert counts == {"train": 288, "eval": 96, "test": 96}  # 480 lines of tickets.jsonl
 
