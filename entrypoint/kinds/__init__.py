@@ -52,7 +52,7 @@ def kind_for(
         from entrypoint.kinds.images import ImageData
 
         model = ImageClassifier(spec)
-        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=IMAGE_USAGE, labels=True)
+        serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=IMAGE_USAGE)
         return Kind("image_classifier", ImageData(spec, model), model, task, stores_tokens=False, serving=serving)
     from entrypoint.kinds.text import TextData
 
@@ -69,7 +69,7 @@ def kind_for(
     from entrypoint.kinds.text_classifier import TextClassifier
 
     model = TextClassifier(spec)
-    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=TEXT_USAGE, labels=True)
+    serving = Serving(model.scores, stop_tokens=None, agreement=AGREEMENT, usage=TEXT_USAGE)
     data = TextData(spec, model.fields(), model)
     return Kind("text_classifier", data, model, task, stores_tokens=True, serving=serving, encodes_in_tokenizer=True)
 

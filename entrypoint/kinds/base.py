@@ -117,11 +117,14 @@ class Serving:
     # The share of eval predictions the merged model must answer as the adapter does (classifiers), or None
     # (generated answers: their metric alone decides).
     agreement: float | None
-    # How user code loads and calls the export (SERVING.md's snippets).
+    # How user code loads and calls the export (SERVING.md's snippets), and whether the model generates.
     usage: Usage
-    # The model's outputs are indices into the job's labels (classifiers): the export carries them in order
-    # (export/labels.json, BINDING.json's `labels`).
-    labels: bool = False
+
+    @property
+    def labels(self) -> bool:
+        """The model's outputs are indices into the job's labels (a model that does not generate: a
+        classifier); the export carries them in order (export/labels.json, BINDING.json's `labels`)."""
+        return not self.usage.generative
 
 
 @dataclass(frozen=True)

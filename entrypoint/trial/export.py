@@ -250,7 +250,7 @@ def finish_export(ctx: PhaseContext, trial_id: str, files: dict[str, dict], merg
     processor = side.processor(adapter)
     adaptation = ctx.read_json(layout.trial_result(trial_id))["settings"]["adaptation"]
     readiness = None
-    if adaptation["method"] == "lora" and ctx.kind.serving.stop_tokens is not None:  # vLLM serves generative models
+    if adaptation["method"] == "lora" and ctx.kind.serving.usage.generative:  # vLLM serves generative models
         config = json.loads((adapter / "adapter_config.json").read_text())
         base_config = json.loads((ctx.model_dir / "config.json").read_text())
         architecture = (base_config.get("architectures") or [base_config.get("model_type", "?")])[0]
