@@ -22,7 +22,7 @@ __all__ = ["StoreLog", "attempt_numbers", "claim_attempt", "lease_start", "previ
 
 def attempt_numbers(store: Store) -> list[int]:
     """The attempts recorded for a job, oldest first."""
-    return sorted({int(i.key.split("/")[1]) for i in store.list("attempts") if i.key.split("/")[1].isdigit()})
+    return sorted({int(i.key.split("/")[1]) for i in store.list(layout.ATTEMPTS) if i.key.split("/")[1].isdigit()})
 
 
 def claim_attempt(store: Store, clock: Callable[[], float] = time.time, startup_seconds: float | None = None) -> int:

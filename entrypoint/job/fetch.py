@@ -35,7 +35,7 @@ def fetch_job(store: Store, dest: Path, with_adapter: bool = False, with_merged:
     Raises InvalidInput when there is nothing to fetch yet, InvalidKey (naming it) for a stored name that is
     not a safe key; then nothing is written."""
     try:  # every name is checked before anything is written
-        keys = [info.key for prefix in ("report", "export") for info in store.list(prefix)]
+        keys = [info.key for prefix in (layout.REPORT, layout.EXPORT) for info in store.list(prefix)]
         trials = [trial.id for trial in resolve_trials(stored_spec(store).spec)] if store.head(layout.SPEC) else []
         events = [info.key for trial in trials for info in store.list(layout.trial_tensorboard(trial))]
     except InvalidKey as exc:

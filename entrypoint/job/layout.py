@@ -14,6 +14,7 @@ kept current by tests/unit/test_layout.py.
 from __future__ import annotations
 
 __all__ = [
+    "ATTEMPTS",
     "BASE_MODEL",
     "BASELINE_EVAL_CONFIG",
     "BASELINE_METRICS",
@@ -90,6 +91,7 @@ BASE_MODEL = "base_model.json"  # the base model's sha256 and each weight file's
 LAUNCH = "train/launch.json"  # multi-node: the lead's newest torchrun launch
 SCRATCH = "scratch"  # the conditional-write check's objects (written and deleted at each start)
 CLAIMS = "claims"  # the queue's claims on this job: claims/<n>.json, .heartbeat, .released
+ATTEMPTS = "attempts"  # one folder per process start, attempts/<n>/
 
 
 def plan_revision(number: int) -> str:
@@ -101,7 +103,7 @@ def claim(number: int, suffix: str = "json") -> str:
 
 
 def _attempt(number: int, name: str) -> str:
-    return f"attempts/{number}/{name}"
+    return f"{ATTEMPTS}/{number}/{name}"
 
 
 def attempt_started(number: int) -> str:
@@ -275,7 +277,7 @@ def seal_reopened(test_sha256: str, job_id: str, at: int) -> str:
 # folders and a slash, or is one of these files. (Not "train/", which also begins the trackers' metric
 # names: LAUNCH, its one key, is matched whole.)
 FOLDERS = (
-    "attempts",
+    ATTEMPTS,
     "phases",
     "trials",
     PLANS,

@@ -80,7 +80,7 @@ def run(ctx: PhaseContext) -> dict:
 
 
 def _files(ctx: PhaseContext) -> list[str]:
-    return [info.key for info in ctx.store.list("report")]
+    return [info.key for info in ctx.store.list(layout.REPORT)]
 
 
 def _track(ctx: PhaseContext, results: dict, files: list) -> None:

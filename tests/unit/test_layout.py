@@ -43,6 +43,11 @@ def literal_keys(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
             if _is_key(node.value):
                 found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}"[:160])
+        # a folder listed by its bare name: `store.list("attempts")`
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "list" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and first.value in layout.FOLDERS:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: list({first.value!r})"[:160])
     return found
 
 
@@ -65,9 +70,11 @@ def test_the_check_sees_a_planted_key(tmp_path):
         '    store.put_bytes(f"trials/{trial}/result.json", b"")\n'
         '    store.head("spec.yaml"), store.head("train/launch.json")\n'
         '    return f"attempts/{n}/log.txt", "queue/cancelled", f"{store.uri}/export/merged/ exists", "train/loss"\n'
+        "def g(store):\n"
+        '    return store.list("attempts"), store.list(prefix="x"), "report"\n'
     )
     found = literal_keys(path, root=tmp_path)
-    assert sorted(int(hit.split(":")[1]) for hit in found) == [3, 4, 5, 5, 6, 6], found
+    assert sorted(int(hit.split(":")[1]) for hit in found) == [3, 4, 5, 5, 6, 6, 8], found
 
 
 def test_the_docs_show_the_layout_the_module_generates():
