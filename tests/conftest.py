@@ -109,8 +109,17 @@ def is_e2e(item) -> bool:
     for name in getattr(item, "fixturenames", ()):
         for definition in info.name2fixturedefs.get(name, ()) if info else ():
             functions.append(definition.func)
-    seen: set = set()
-    return any(function is not None and _starts_processes(function, seen) for function in functions)
+    return any(function is not None and _top_level(function) for function in functions)
+
+
+_DECIDED: dict = {}  # a test function's or fixture's answer, by its code: the same fixtures serve many tests
+
+
+def _top_level(function) -> bool:
+    code = getattr(function, "__code__", None)
+    if code not in _DECIDED:
+        _DECIDED[code] = _starts_processes(function, set())
+    return _DECIDED[code]
 
 
 def pytest_itemcollected(item):
