@@ -357,14 +357,15 @@ def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait(timeout=10)
 
 
-def raw_client(endpoint_url: str):
-    """A plain boto3 S3 client on a test server (moto or SeaweedFS), with the fake credentials passed explicitly."""
+def raw_client(endpoint_url: str, key: str = "testing", secret: str = "testing"):
+    """A plain boto3 S3 client on a test server (moto or SeaweedFS), with the credentials passed explicitly
+    (moto accepts any; the tests' SeaweedFS is configured with the defaults)."""
     return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
         region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",  # moto accepts any credentials; SeaweedFS is configured with these
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
         config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3}),
     )
 

