@@ -1,6 +1,6 @@
 """docs/cli-reference.md: every `rentune` command's help, as `rentune COMMAND --help` prints it, generated
 from the click commands so that no option goes undocumented. `python -m entrypoint.cli_reference` rewrites
-it; `--check` (and tests/unit/test_cli_reference.py) fails while it is stale.
+it; `--check` (and tests/unit/test_cli_reference.py) fails while it is stale (jobspec.reference.refresh).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from entrypoint.cli import main as rentune
+from jobspec.reference import refresh
 
 __all__ = ["COMMAND", "DOC", "render"]
 
@@ -50,16 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description="Render docs/cli-reference.md from the commands.")
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed page is stale")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = DOC.read_text(encoding="utf-8") if DOC.is_file() else ""
-        if current != text:
-            print(f"{DOC} is stale: run `{COMMAND}` to rewrite it", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text, encoding="utf-8")
-    print(f"wrote {DOC}")
-    return 0
+    return refresh(DOC, render(), COMMAND, args.check, "a command or option changed")
 
 
 if __name__ == "__main__":

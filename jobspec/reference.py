@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from jobspec import schema as spec_models
 from jobspec.schema import JobSpec
 
-__all__ = ["COMMAND", "DOC", "main", "render", "spec_schema"]
+__all__ = ["COMMAND", "DOC", "main", "refresh", "render", "spec_schema"]
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec-reference.md"
 COMMAND = "python -m jobspec.reference"
@@ -258,18 +258,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of rewriting it")
     parser.add_argument("--file", type=Path, default=DOC, help="the reference file (default: docs/spec-reference.md)")
     args = parser.parse_args(argv)
-    text = render()
-    shown = _shown(args.file)
-    if args.check:
-        current = args.file.read_text(encoding="utf-8") if args.file.is_file() else None
+    return refresh(args.file, render(), COMMAND, args.check, "the job spec schema changed")
+
+
+def refresh(file: Path, text: str, command: str, check: bool, why: str) -> int:
+    """Write a generated page, or with `check` only say whether `file` holds `text` (exit code 1 when it
+    does not: `why` it would be stale, `command` rewrites it). The spec reference and the CLI reference
+    (entrypoint/cli_reference.py) both go through here."""
+    shown = _shown(file)
+    if check:
+        current = file.read_text(encoding="utf-8") if file.is_file() else None
         if current != text:
-            what = "is missing" if current is None else "is stale (the job spec schema changed)"
-            print(f"{shown} {what}: run `{COMMAND}` to rewrite it", file=sys.stderr)
+            what = "is missing" if current is None else f"is stale ({why})"
+            print(f"{shown} {what}: run `{command}` to rewrite it", file=sys.stderr)
             return 1
         print(f"{shown} is current")
         return 0
-    args.file.parent.mkdir(parents=True, exist_ok=True)
-    args.file.write_text(text, encoding="utf-8")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(text, encoding="utf-8")
     print(f"wrote {shown}")
     return 0
 
