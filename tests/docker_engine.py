@@ -129,23 +129,22 @@ class DockerEngine:
         except OSError:
             return "(no log)"
 
-    def docker(self, *args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-        """`docker ARGS` against this engine, output captured as text."""
+    def _run(self, *argv: str, check: bool, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+        """`argv` against this engine (DOCKER_HOST, no BuildKit), output captured as text."""
         done = subprocess.run(
-            ["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
         )
         if check and done.returncode != 0:
-            raise RuntimeError(f"docker {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+        """`docker ARGS` against this engine."""
+        return self._run("docker", *args, check=check, timeout=timeout, **kwargs)
 
     def make(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         """`make ARGS` in the repository against this engine (the docs' recipe as written: `make image-cpu`)."""
-        done = subprocess.run(
-            ["make", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"make {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
-        return done
+        return self._run("make", *args, check=True, timeout=timeout, cwd=ROOT)
 
     def has_image(self, reference: str) -> bool:
         return self.docker("image", "inspect", reference, check=False).returncode == 0
