@@ -105,7 +105,7 @@ def run_job(tmp: Path, name: str, model: Path, data: Path, shape: dict, steps: i
     job = tmp / "store/jobs" / name
     probe = json.loads((job / "phases/probe/result.json").read_text())
     train = json.loads((job / "trials/main/result.json").read_text())
-    t, plain = train["throughput"], probe["variants"]["plain"]
+    t, plain = train["throughput"], probe["setups"]["plain"]
     return {
         "plan": _plan_against_actual(tmp / "store", name, probe),
         "packing": packing,
